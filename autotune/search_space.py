@@ -1,0 +1,335 @@
+"""Search spaces: YAML -> parameter specs -> Optuna suggestions, checked against ``EngineArgs``.
+
+A space file::
+
+    fixed:                       # engine args for every trial, the baseline included
+      max_model_len: 4096
+    parameters:
+      max_num_seqs: {type: int, low: 64, high: 1024, log: true}
+      gpu_memory_utilization: {type: float, low: 0.80, high: 0.95}
+      block_size: {type: categorical, choices: [16, 32, 64]}
+      enable_prefix_caching: {type: bool}
+      tensor_parallel_size: {type: int, low: 1, high: gpus}   # bounded by the GPUs present
+      max_num_partial_prefills: {type: int, low: 1, high: 4, optional: true}
+    constraints:                 # extra rules, "name OP name-or-number"
+      - max_num_batched_tokens >= max_num_seqs
+
+``optional: true`` drops a parameter the installed vLLM lacks (instead of an error).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+
+from autotune.errors import SearchSpaceError
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.engine_info import EngineInfo
+
+ParamType = Literal["int", "float", "categorical", "bool"]
+_TYPES: tuple[str, ...] = ("int", "float", "categorical", "bool")
+_KEYS = {"type", "low", "high", "log", "step", "choices", "optional"}
+#: Engine args the tuner sets itself or that make no sense to search.
+_RESERVED = {"model"}
+SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+_CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(<=|>=|<|>|==|!=)\s*([A-Za-z_]\w*|-?\d+(?:\.\d+)?)\s*$")
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One searched engine argument."""
+
+    name: str
+    type: ParamType
+    low: float | int | None = None
+    high: float | int | None = None
+    log: bool = False
+    step: float | int | None = None
+    choices: tuple[Any, ...] = ()
+
+    def suggest(self, trial: optuna.Trial) -> Any:
+        if self.type == "int":
+            assert self.low is not None and self.high is not None
+            return trial.suggest_int(
+                self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log
+            )
+        if self.type == "float":
+            assert self.low is not None and self.high is not None
+            return trial.suggest_float(
+                self.name, float(self.low), float(self.high), step=self.step, log=self.log
+            )
+        if self.type == "bool":
+            return trial.suggest_categorical(self.name, [False, True])
+        return trial.suggest_categorical(self.name, list(self.choices))
+
+    def describe(self) -> str:
+        if self.type in ("int", "float"):
+            return f"[{self.low}, {self.high}]" + (" log" if self.log else "")
+        if self.type == "bool":
+            return "{false, true}"
+        return "{" + ", ".join(map(str, self.choices)) + "}"
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A rule ``lhs op rhs`` over engine args (names or numbers) that a config must satisfy."""
+
+    lhs: str
+    op: str
+    rhs: str
+
+    def text(self) -> str:
+        return f"{self.lhs} {self.op} {self.rhs}"
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A validated search space: what to search, what to fix, which rules to keep."""
+
+    name: str
+    parameters: tuple[ParamSpec, ...]
+    fixed: dict[str, Any] = field(default_factory=dict)
+    constraints: tuple[Constraint, ...] = ()
+    dropped: tuple[str, ...] = ()
+
+    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
+        return {p.name: p.suggest(trial) for p in self.parameters}
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able record of the space, stored with the study."""
+        return {
+            "name": self.name,
+            "fixed": self.fixed,
+            "parameters": {
+                p.name: {
+                    k: v
+                    for k, v in (
+                        ("type", p.type),
+                        ("low", p.low),
+                        ("high", p.high),
+                        ("log", p.log or None),
+                        ("step", p.step),
+                        ("choices", list(p.choices) or None),
+                    )
+                    if v is not None
+                }
+                for p in self.parameters
+            },
+            "constraints": [c.text() for c in self.constraints],
+        }
+
+
+def resolve_space_path(space: str | Path | None) -> Path:
+    """A space given by name (``throughput``) or path; the default is ``throughput``."""
+    if space is None:
+        space = "throughput"
+    p = Path(space).expanduser()
+    if p.is_file():
+        return p
+    named = SPACES_DIR / f"{space}.yaml"
+    if named.is_file():
+        return named
+    known = ", ".join(sorted(x.stem for x in SPACES_DIR.glob("*.yaml")))
+    raise SearchSpaceError(f"--space {space}: no such file, and no bundled space of that name ({known})")
+
+
+def load_space(
+    space: str | Path | None,
+    engine: EngineInfo,
+    *,
+    gpus: int = 1,
+    extra_fixed: Mapping[str, Any] | None = None,
+) -> SearchSpace:
+    """Read, check and resolve a search space.
+
+    Args:
+        space: Path or bundled name of the YAML file; None for ``throughput``.
+        engine: The installed vLLM's engine arguments, to check every name and value against.
+        gpus: GPUs one trial may use; the value of the symbol ``gpus`` in a range.
+        extra_fixed: Engine args fixed on the command line; they override the file's ``fixed``.
+
+    Raises:
+        SearchSpaceError: naming the file, the field and the fix.
+    """
+    path = resolve_space_path(space)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SearchSpaceError(f"{path}: malformed YAML{where}: {problem}") from None
+    except OSError as e:
+        raise SearchSpaceError(f"{path}: cannot read: {e}") from None
+    return build_space(raw, engine, source=str(path), gpus=gpus, extra_fixed=extra_fixed, name=path.stem)
+
+
+def build_space(
+    raw: Any,
+    engine: EngineInfo,
+    *,
+    source: str = "<space>",
+    gpus: int = 1,
+    extra_fixed: Mapping[str, Any] | None = None,
+    name: str = "custom",
+) -> SearchSpace:
+    """Check and resolve a parsed space mapping (the YAML's content); see :func:`load_space`."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SearchSpaceError(f"{source}: the top level must be a mapping with 'parameters:'")
+    unknown_top = set(raw) - {"parameters", "fixed", "constraints", "description"}
+    if unknown_top:
+        raise SearchSpaceError(
+            f"{source}: unknown top-level key(s) {sorted(unknown_top)}; "
+            "allowed: parameters, fixed, constraints, description"
+        )
+    params_raw = raw.get("parameters") or {}
+    if not isinstance(params_raw, dict):
+        raise SearchSpaceError(f"{source}: 'parameters' must be a mapping of engine arg -> spec")
+    fixed_raw = raw.get("fixed") or {}
+    if not isinstance(fixed_raw, dict):
+        raise SearchSpaceError(f"{source}: 'fixed' must be a mapping of engine arg -> value")
+
+    fixed: dict[str, Any] = {}
+    for key, value in {**fixed_raw, **(extra_fixed or {})}.items():
+        _check_name(str(key), engine, f"{source}: fixed.{key}")
+        fixed[str(key)] = value
+
+    params: list[ParamSpec] = []
+    dropped: list[str] = []
+    for key, spec in params_raw.items():
+        key = str(key)
+        where = f"{source}: parameters.{key}"
+        if not isinstance(spec, dict):
+            raise SearchSpaceError(f"{where}: must be a mapping like {{type: int, low: 1, high: 8}}")
+        if spec.get("optional") and key not in engine.args:
+            dropped.append(key)
+            continue
+        _check_name(key, engine, where)
+        if key in fixed:
+            continue  # fixed wins: the user pinned it
+        p = _param(key, spec, where, engine, gpus)
+        if p.type in ("int", "float") and p.low == p.high:
+            fixed[key] = p.low
+        elif p.type == "categorical" and len(p.choices) == 1:
+            fixed[key] = p.choices[0]
+        else:
+            params.append(p)
+
+    constraints = []
+    for i, c in enumerate(raw.get("constraints") or []):
+        constraints.append(_constraint(c, f"{source}: constraints[{i}]", engine))
+    return SearchSpace(name, tuple(params), fixed, tuple(constraints), tuple(dropped))
+
+
+def _check_name(name: str, engine: EngineInfo, where: str) -> None:
+    if name in _RESERVED:
+        raise SearchSpaceError(f"{where}: '{name}' is set by the tuner (use --model), not by a space")
+    if name in engine.args:
+        return
+    close = difflib.get_close_matches(name, list(engine.args), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise SearchSpaceError(
+        f"{where}: '{name}' is not an engine argument of the installed {engine.distribution} "
+        f"{engine.vllm_version} (removed in vLLM V1, or misspelt){hint}"
+    )
+
+
+def _number(value: Any, where: str, key: str, gpus: int) -> float | int:
+    if value == "gpus":
+        return gpus
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SearchSpaceError(f"{where}: '{key}' must be a number (or 'gpus'), got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SearchSpaceError(f"{where}: '{key}' must be finite, got {value!r}")
+    return value
+
+
+def _param(key: str, spec: dict[str, Any], where: str, engine: EngineInfo, gpus: int) -> ParamSpec:
+    extra = set(spec) - _KEYS
+    if extra:
+        raise SearchSpaceError(f"{where}: unknown key(s) {sorted(extra)}; allowed: {sorted(_KEYS)}")
+    ptype = spec.get("type")
+    if ptype not in _TYPES:
+        raise SearchSpaceError(f"{where}: 'type' must be one of {', '.join(_TYPES)}, got {ptype!r}")
+    arg = engine.args[key]
+    if ptype == "bool":
+        if arg.kind != "bool":
+            raise SearchSpaceError(f"{where}: type bool, but vLLM's {key} is {arg.kind}")
+        return ParamSpec(key, "bool")
+    if ptype == "categorical":
+        choices = spec.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise SearchSpaceError(f"{where}: categorical needs a non-empty 'choices' list")
+        if len(set(map(repr, choices))) != len(choices):
+            raise SearchSpaceError(f"{where}: 'choices' has duplicates: {choices}")
+        for c in choices:
+            if c is not None and not isinstance(c, (bool, int, float, str)):
+                raise SearchSpaceError(f"{where}: choice {c!r} must be a scalar (bool/int/float/str/null)")
+            _check_value(key, c, arg.kind, arg.choices, where)
+        return ParamSpec(key, "categorical", choices=tuple(choices))
+    if arg.kind not in ("int", "float") or (ptype == "float" and arg.kind == "int"):
+        raise SearchSpaceError(f"{where}: type {ptype}, but vLLM's {key} is {arg.kind}")
+    if "low" not in spec or "high" not in spec:
+        raise SearchSpaceError(f"{where}: {ptype} needs 'low' and 'high'")
+    low, high = _number(spec["low"], where, "low", gpus), _number(spec["high"], where, "high", gpus)
+    log = bool(spec.get("log", False))
+    step = spec.get("step")
+    if ptype == "int":
+        for k, v in (("low", low), ("high", high)):
+            if int(v) != v:
+                raise SearchSpaceError(f"{where}: int '{k}' must be a whole number, got {v}")
+        low, high = int(low), int(high)
+    if low > high:
+        raise SearchSpaceError(f"{where}: low ({low}) is above high ({high})")
+    if log and low <= 0:
+        raise SearchSpaceError(f"{where}: log scale needs low > 0, got {low}")
+    if step is not None:
+        step = _number(step, where, "step", gpus)
+        if step <= 0:
+            raise SearchSpaceError(f"{where}: 'step' must be > 0, got {step}")
+        if log:
+            raise SearchSpaceError(f"{where}: 'step' and 'log: true' cannot be combined (Optuna)")
+    return ParamSpec(key, ptype, low=low, high=high, log=log, step=step)
+
+
+def _check_value(key: str, value: Any, kind: str, choices: tuple[Any, ...] | None, where: str) -> None:
+    if value is None:
+        return
+    ok = {
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "str": isinstance(value, str),
+    }.get(kind, True)
+    if not ok:
+        raise SearchSpaceError(f"{where}: choice {value!r} is not a valid {kind} for vLLM's {key}")
+    if choices is not None and value not in choices:
+        raise SearchSpaceError(
+            f"{where}: {value!r} is not one of vLLM's choices for {key}: {', '.join(map(str, choices))}"
+        )
+
+
+def _constraint(text: Any, where: str, engine: EngineInfo) -> Constraint:
+    m = _CONSTRAINT_RE.match(str(text)) if isinstance(text, str) else None
+    if m is None:
+        raise SearchSpaceError(
+            f"{where}: {text!r} is not a rule of the form 'name OP name-or-number' "
+            "(OP one of <=, >=, <, >, ==, !=), e.g. 'max_num_batched_tokens >= max_num_seqs'"
+        )
+    lhs, op, rhs = m.groups()
+    for side in (lhs, rhs):
+        if side[0].isalpha() or side[0] == "_":
+            _check_name(side, engine, where)
+    return Constraint(lhs, op, rhs)

@@ -1,0 +1,203 @@
+"""Orchestrate a run: open the study, resolve its settings, run the budget, summarise."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune._logging import get_logger
+from autotune.atomic import write_text_atomic
+from autotune.config import StudySettings
+from autotune.engine_info import describe_engine
+from autotune.errors import StudyError
+from autotune.model_ref import check_model
+from autotune.objective import Objective, TrialFailed
+from autotune.progress import Progress
+from autotune.search_space import build_space, load_space
+from autotune.storage import check_study_name, default_url, open_storage, redact
+from autotune.study import (
+    SETTINGS_ATTR,
+    baseline_trial,
+    create_or_resume,
+    enqueue_config,
+    load_existing,
+    stored_settings,
+)
+from autotune.telemetry import gpu_names, visible_device_ids
+from autotune.workload import WorkloadSpec, load_requests, parse_workload
+
+_logger = get_logger(__name__)
+DEFAULT_WORKLOAD = "synthetic:count=1000,input_len=256,output_len=256"
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What ``autotune run`` was asked to do; None means "the study's stored value or default"."""
+
+    study: str
+    trials: int
+    storage: str | None = None
+    studies_dir: Path = Path("studies")
+    model: str | None = None
+    workload: str | None = None
+    space: str | None = None
+    objective: str | None = None
+    trial_timeout_s: float = 1800.0
+    fixed: dict[str, Any] = field(default_factory=dict)
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
+    seed: int = 0
+    show_bar: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _requests_file(study_dir: Path, wl: WorkloadSpec, *, fresh: bool) -> str | None:
+    """Materialise a file workload once per study, so every trial reads the very same prompts."""
+    if wl.kind == "synthetic":
+        return None
+    path = study_dir / "requests.jsonl"
+    if fresh or not path.is_file():
+        records = load_requests(wl)
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+        _logger.info("workload: %d requests from %s -> %s", len(records), wl.path, path)
+    return str(path.resolve())
+
+
+def run_study(req: RunRequest) -> dict[str, Any]:
+    """Run ``req.trials`` trials of study ``req.study`` (created when new); return a summary."""
+    name = check_study_name(req.study)
+    studies_dir = req.studies_dir
+    url = req.storage or default_url(name, studies_dir)
+    engine = describe_engine()
+    device_ids = visible_device_ids()
+    gpus = max(1, len(device_ids)) if engine.platform != "cpu" else 1
+    storage = open_storage(url)
+
+    existing = load_existing(name, storage)
+    if existing is None:
+        if req.model is None:
+            raise StudyError(f"study {name!r} does not exist yet; give --model to create it")
+        model = check_model(req.model)
+        wl = parse_workload(req.workload or DEFAULT_WORKLOAD)
+        space = load_space(req.space, engine, gpus=gpus, extra_fixed=req.fixed)
+        settings: StudySettings | None = StudySettings(
+            model=model,
+            workload=wl.to_dict(),
+            space=space.to_dict(),
+            objective=req.objective or "output_tokens_per_s",
+            seed=req.seed,
+            vllm_version=engine.vllm_version,
+            distribution=engine.distribution,
+            platform=engine.platform,
+            gpus=gpu_names(device_ids) if engine.platform != "cpu" else [],
+        )
+        if wl.kind != "synthetic":
+            load_requests(wl)  # an empty or malformed file fails here, before a study exists
+    else:
+        stored = stored_settings(existing)
+        _check_resume(name, stored, req)
+        wl = WorkloadSpec(**stored.workload)
+        space = (
+            load_space(req.space, engine, gpus=gpus, extra_fixed=stored.fixed)
+            if req.space
+            else build_space(stored.space, engine, source=f"study {name}", gpus=gpus, name=stored.space.get("name", "stored"))
+        )
+        settings = None
+
+    study, settings, created = create_or_resume(name, storage, settings)
+    if not created and req.space:
+        study.set_user_attr(SETTINGS_ATTR, {**settings.to_dict(), "space": space.to_dict()})
+    study_dir = studies_dir / name
+    requests_file = _requests_file(study_dir, wl, fresh=created)
+    for config in req.enqueue:
+        enqueue_config(study, config, {p.name for p in space.parameters})
+    for dropped in space.dropped:
+        _logger.info("space: %s is not in this vLLM; dropped (optional)", dropped)
+
+    n_done = len(study.trials)
+    _logger.info(
+        "%s study %r (%s) on %s %s [%s]: %d trial(s) now, %d before",
+        "new" if created else "resuming",
+        name,
+        redact(url),
+        engine.distribution,
+        engine.vllm_version,
+        engine.platform,
+        req.trials,
+        n_done - (1 if created else 0) - len(req.enqueue),
+    )
+    _logger.info("model %s | workload %s | searching %s", settings.model,
+                 WorkloadSpec(**settings.workload).describe(),
+                 ", ".join(f"{p.name} {p.describe()}" for p in space.parameters) or "nothing")
+    if space.fixed:
+        _logger.info("fixed for every trial: %s", space.fixed)
+
+    objective = Objective(
+        settings=settings,
+        space=space,
+        study_dir=study_dir,
+        timeout_s=req.trial_timeout_s,
+        gpus=gpus,
+        device_ids=device_ids,
+        requests_file=requests_file,
+        env=req.env,
+    )
+    progress = Progress(budget=req.trials, objective=settings.objective, show_bar=req.show_bar)
+    try:
+        study.optimize(objective, n_trials=None, callbacks=[progress], catch=(TrialFailed,))
+    finally:
+        progress.close()
+    if progress.stopped_for_skips:
+        raise StudyError(
+            f"the last {progress.max_consecutive_skips} configs proposed all broke a constraint "
+            "of the space; the constraints rule out (nearly) the whole space: loosen them or "
+            "the parameter ranges"
+        )
+    return summarize(study)
+
+
+def _check_resume(name: str, stored: StudySettings, req: RunRequest) -> None:
+    if req.model is not None and check_model(req.model) != stored.model:
+        raise StudyError(
+            f"study {name!r} tunes model {stored.model!r}, not {req.model!r}; drop --model to "
+            "resume it, or start a new --study"
+        )
+    if req.workload is not None and parse_workload(req.workload).to_dict() != stored.workload:
+        raise StudyError(
+            f"study {name!r} was created with another --workload ({stored.workload}); drop "
+            "--workload to resume it, or start a new --study"
+        )
+    if req.objective is not None and req.objective != stored.objective:
+        raise StudyError(f"study {name!r} maximises {stored.objective}; drop --objective or start a new --study")
+    changed = {k: v for k, v in req.fixed.items() if stored.fixed.get(k) != v}
+    if changed:
+        raise StudyError(
+            f"study {name!r} fixes {stored.fixed}; --set {changed} would change the benchmark "
+            "under the baseline: start a new --study"
+        )
+
+
+def summarize(study: optuna.Study) -> dict[str, Any]:
+    """Best trial, baseline and counts of a study, as a JSON-able dict."""
+    settings = stored_settings(study)
+    counts: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+    base = baseline_trial(study)
+    out: dict[str, Any] = {"study": study.study_name, "objective": settings.objective, "trials": counts}
+    try:
+        best = study.best_trial
+    except ValueError:
+        out["best"] = None
+        return out
+    out["best"] = {
+        "trial": best.number,
+        "value": best.value,
+        "engine_kwargs": best.user_attrs.get("engine_kwargs"),
+    }
+    out["baseline_value"] = base.value if base is not None else None
+    out["speedup_over_baseline"] = best.value / base.value if base is not None and base.value else None
+    return out

@@ -1,0 +1,269 @@
+"""The trial worker: ``python -m autotune.worker SPEC.json`` runs one real vLLM benchmark.
+
+This is the only module that imports vLLM. It runs in its own process (and process session),
+started by :mod:`autotune.runner`, and reports through :mod:`autotune.protocol` on stdout:
+validate the config with vLLM's own checks, start ``LLM(**engine_kwargs)``, warm up, time one
+``generate()`` over the whole workload, report the metrics, shut the engine down.
+
+``python -m autotune.worker --describe`` prints the installed vLLM's engine arguments instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+import traceback
+import typing
+from pathlib import Path
+from typing import Any
+
+from autotune import protocol
+
+_SCALARS = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+def _kind(hint: Any) -> str:
+    """``bool``/``int``/``float``/``str``/``other`` for a field's type hint."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        kinds = {_SCALARS.get(type(a), "other") for a in typing.get_args(hint)}
+        return kinds.pop() if len(kinds) == 1 else "other"
+    if origin is not None and args and origin not in (list, dict, set, tuple):
+        # Optional[X] / X | None / Annotated
+        kinds = {_kind(a) for a in args}
+        return kinds.pop() if len(kinds) == 1 else "other"
+    if isinstance(hint, str):  # an unresolved annotation such as "int | None"
+        names = {t.strip() for t in hint.split("|")} - {"None"}
+        if len(names) == 1 and (name := names.pop()) in _SCALARS.values():
+            return name
+        return "other"
+    return _SCALARS.get(hint, "other") if isinstance(hint, type) else "other"
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def describe() -> dict[str, Any]:
+    """The installed vLLM's ``EngineArgs`` fields, their kinds, defaults and CLI flags."""
+    import argparse
+
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from autotune.engine_info import installed_distribution
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    actions = {a.dest: a for a in parser._actions}  # noqa: SLF001 - argparse has no public list
+    namespace = vars(sys.modules[EngineArgs.__module__])
+    hints: dict[str, Any] = {}
+    for f in dataclasses.fields(EngineArgs):
+        try:  # per field: one unresolvable forward reference must not hide the others
+            hints[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
+        except Exception:  # noqa: BLE001
+            hints[f.name] = f.type
+    args: dict[str, Any] = {}
+    for f in dataclasses.fields(EngineArgs):
+        if f.name.startswith("_"):
+            continue
+        action = actions.get(f.name)
+        kind = _kind(hints.get(f.name, f.type))
+        if kind == "other" and action is not None and action.choices:
+            kinds = {_SCALARS.get(type(c), "other") for c in action.choices}
+            kind = kinds.pop() if len(kinds) == 1 else "other"
+        boolean_optional = isinstance(action, argparse.BooleanOptionalAction)
+        store_true = isinstance(action, argparse._StoreTrueAction)  # noqa: SLF001
+        if boolean_optional or store_true:
+            kind = "bool"
+        default = f.default if f.default is not dataclasses.MISSING else None
+        flags = [s for s in action.option_strings if s.startswith("--")] if action else []
+        args[f.name] = {
+            "kind": kind,
+            "default": _jsonable(default),
+            "flags": flags,
+            "boolean_optional": boolean_optional,
+            "store_true": store_true,
+            "choices": [_jsonable(c) for c in action.choices] if action and action.choices else None,
+            "nargs": action.nargs if action else None,
+        }
+    dist, _ = installed_distribution()
+    return {
+        "vllm_version": vllm.__version__,
+        "distribution": dist,
+        "platform": str(current_platform.device_type or "unknown"),
+        "args": args,
+    }
+
+
+def _engine_facts(llm: Any) -> dict[str, Any]:
+    """The settings the engine actually resolved (vLLM fills many defaults per platform)."""
+    cfg = llm.llm_engine.vllm_config
+    picks = {
+        "cache_config": ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype",
+                         "gpu_memory_utilization", "kv_cache_memory_bytes"),
+        "scheduler_config": ("max_num_seqs", "max_num_batched_tokens", "async_scheduling",
+                             "enable_chunked_prefill", "long_prefill_token_threshold",
+                             "max_num_partial_prefills"),
+        "model_config": ("max_model_len", "dtype", "enforce_eager", "quantization"),
+        "parallel_config": ("tensor_parallel_size",),
+        "compilation_config": ("max_cudagraph_capture_size", "cudagraph_mode", "mode"),
+    }
+    facts: dict[str, Any] = {}
+    for section, names in picks.items():
+        obj = getattr(cfg, section, None)
+        for name in names:
+            if obj is not None and hasattr(obj, name):
+                value = getattr(obj, name)
+                facts[name] = value if isinstance(value, (bool, int, float, type(None))) else str(value)
+    if facts.get("num_gpu_blocks") and facts.get("block_size"):
+        facts["kv_cache_tokens"] = int(facts["num_gpu_blocks"]) * int(facts["block_size"])
+    return facts
+
+
+def build_requests(
+    workload: dict[str, Any], records: list[dict[str, Any]], vocab_size: int, tokenizer: Any
+) -> list[tuple[Any, int]]:
+    """The workload as ``(prompt, output_len)`` pairs; synthetic prompts are generated here."""
+    import numpy as np
+
+    if workload["kind"] == "synthetic":
+        rng = np.random.default_rng(workload["seed"])
+        low = min(100, vocab_size // 10)
+        prefix = rng.integers(low, vocab_size, size=workload["prefix_len"]).tolist()
+        body = rng.integers(low, vocab_size, size=(workload["count"], workload["input_len"] - len(prefix)))
+        return [({"prompt_token_ids": prefix + row}, workload["output_len"]) for row in body.tolist()]
+    out: list[tuple[Any, int]] = []
+    for rec in records:
+        prompt: Any = rec["prompt"] if "prompt" in rec else {"prompt_token_ids": rec["prompt_token_ids"]}
+        n = rec.get("output_len")
+        if n is None and rec.get("completion") and tokenizer is not None:
+            n = len(tokenizer(rec["completion"], add_special_tokens=False).input_ids)
+        out.append((prompt, max(1, int(n or workload.get("output_len") or 256))))
+    return out
+
+
+def _fit(requests: list[tuple[Any, int]], tokenizer: Any, max_model_len: int) -> list[tuple[Any, int]]:
+    """Keep every request within ``max_model_len`` by shortening its output, as a server would."""
+    fitted = []
+    for prompt, n in requests:
+        if isinstance(prompt, dict):
+            plen = len(prompt["prompt_token_ids"])
+        elif tokenizer is not None:
+            plen = len(tokenizer(prompt).input_ids)
+        else:
+            plen = 0
+        if plen >= max_model_len:
+            raise ValueError(
+                f"a workload prompt has {plen} tokens, not below max_model_len ({max_model_len}); "
+                "raise max_model_len (fixed: in the space) or use shorter prompts"
+            )
+        fitted.append((prompt, min(n, max_model_len - plen)))
+    return fitted
+
+
+def run(spec: dict[str, Any]) -> int:
+    """Run one trial described by ``spec`` (see :mod:`autotune.runner`); returns the exit code."""
+    protocol.emit("phase", phase="import", t=time.time())
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    kwargs: dict[str, Any] = dict(spec["engine_kwargs"])
+    protocol.emit("phase", phase="validate", t=time.time())
+    try:
+        EngineArgs(**kwargs).create_engine_config(usage_context=UsageContext.LLM_CLASS)
+    except (ValueError, TypeError) as e:
+        traceback.print_exc()
+        protocol.emit("error", error_type="invalid_config", error=f"{type(e).__name__}: {e}"[:4000])
+        return 3
+
+    protocol.emit("phase", phase="engine_start", t=time.time())
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    engine_start_s = time.perf_counter() - t0
+    try:
+        facts = _engine_facts(llm)
+        protocol.emit("engine", vllm_version=vllm.__version__, **facts)
+        tokenizer = None if kwargs.get("skip_tokenizer_init") else llm.get_tokenizer()
+        records = []
+        if spec.get("requests_file"):
+            with open(spec["requests_file"], encoding="utf-8") as fh:
+                records = [json.loads(line) for line in fh if line.strip()]
+        vocab = llm.llm_engine.model_config.get_vocab_size()
+        requests = build_requests(spec["workload"], records, vocab, tokenizer)
+        requests = _fit(requests, tokenizer, int(facts.get("max_model_len") or 1 << 30))
+        sampling = spec.get("sampling", {})
+
+        def params(n: int) -> Any:
+            return SamplingParams(
+                max_tokens=n,
+                min_tokens=n,
+                ignore_eos=True,
+                temperature=sampling.get("temperature", 0.8),
+                top_p=sampling.get("top_p", 0.95),
+                detokenize=tokenizer is not None and sampling.get("detokenize", True),
+            )
+
+        protocol.emit("phase", phase="warmup", t=time.time())
+        t0 = time.perf_counter()
+        k = min(len(requests), int(spec.get("warmup_requests", 16)))
+        if k:
+            llm.generate([p for p, _ in requests[:k]], [params(min(n, 16)) for _, n in requests[:k]],
+                         use_tqdm=False)
+        warmup_s = time.perf_counter() - t0
+
+        protocol.emit("phase", phase="generate", t=time.time())
+        t0 = time.perf_counter()
+        outputs = llm.generate([p for p, _ in requests], [params(n) for _, n in requests], use_tqdm=False)
+        generate_s = time.perf_counter() - t0
+        protocol.emit("phase", phase="shutdown", t=time.time())
+
+        prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
+        output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        metrics = {
+            "output_tokens_per_s": output_tokens / generate_s,
+            "total_tokens_per_s": (prompt_tokens + output_tokens) / generate_s,
+            "requests_per_s": len(outputs) / generate_s,
+            "generate_s": generate_s,
+            "engine_start_s": engine_start_s,
+            "warmup_s": warmup_s,
+            "num_requests": len(outputs),
+            "prompt_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+            "kv_cache_tokens": facts.get("kv_cache_tokens"),
+        }
+        protocol.emit("result", metrics=metrics)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--describe"]:
+        protocol.emit("describe", info=describe())
+        return 0
+    if len(argv) != 1:
+        print("usage: python -m autotune.worker SPEC.json | --describe", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    try:
+        return run(spec)
+    except BaseException as e:  # noqa: BLE001 - every failure is reported, then re-raised as exit 1
+        traceback.print_exc()
+        protocol.emit("error", error_type=type(e).__name__, error=str(e)[:4000])
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
