@@ -23,7 +23,7 @@ class _TqdmHandler(logging.StreamHandler):  # type: ignore[type-arg]
             from tqdm import tqdm
 
             tqdm.write(self.format(record), file=self.stream)
-        except Exception:  # noqa: BLE001 - logging must never raise
+        except Exception:
             self.handleError(record)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,19 +43,41 @@ def _positive_float(text: str) -> float:
 def _study_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--study", required=True, help="study name; the same name resumes it")
     p.add_argument("--storage", help="Optuna storage URL (default sqlite:///STUDIES_DIR/STUDY.db)")
-    p.add_argument("--studies-dir", default="studies", type=Path,
-                   help="home of study databases and trial logs (default ./studies)")
+    p.add_argument(
+        "--studies-dir",
+        default="studies",
+        type=Path,
+        help="home of study databases and trial logs (default ./studies)",
+    )
 
 
 def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
-    p.add_argument("--trials", type=_positive_int, default=6 if demo else 30,
-                   help="trials to run now (a new study's first is vLLM's defaults)")
-    p.add_argument("--trial-timeout", type=_positive_float, default=600.0 if demo else 1800.0,
-                   help="seconds before a trial's process group is killed")
-    p.add_argument("--set", action="append", default=[], metavar="ARG=VALUE",
-                   help="fix an engine arg for every trial, the baseline included (repeatable)")
-    p.add_argument("--enqueue", action="append", default=[], metavar="JSON|FILE",
-                   help="a config to measure next, e.g. a hand-tuned one (repeatable)")
+    p.add_argument(
+        "--trials",
+        type=_positive_int,
+        default=6 if demo else 30,
+        help="trials to run now (a new study's first is vLLM's defaults)",
+    )
+    p.add_argument(
+        "--trial-timeout",
+        type=_positive_float,
+        default=600.0 if demo else 1800.0,
+        help="seconds before a trial's process group is killed",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="ARG=VALUE",
+        help="fix an engine arg for every trial, the baseline included (repeatable)",
+    )
+    p.add_argument(
+        "--enqueue",
+        action="append",
+        default=[],
+        metavar="JSON|FILE",
+        help="a config to measure next, e.g. a hand-tuned one (repeatable)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study")
     p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")
 
@@ -83,7 +104,9 @@ def _parse_enqueue(items: list[str]) -> list[dict[str, Any]]:
         try:
             cfg = json.loads(text)
         except json.JSONDecodeError as e:
-            raise AutotuneError(f"--enqueue {item[:60]!r}: not a JSON object or a JSON file ({e.msg})") from None
+            raise AutotuneError(
+                f"--enqueue {item[:60]!r}: not a JSON object or a JSON file ({e.msg})"
+            ) from None
         if isinstance(cfg, dict) and isinstance(cfg.get("engine_kwargs"), dict):
             cfg = cfg["engine_kwargs"]  # an export file: re-measure its config
         if not isinstance(cfg, dict):
@@ -189,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", help="checkpoint directory or hub id (required for a new study)")
     run.add_argument("--workload", help=f"prompts to benchmark (default {DEFAULT_WORKLOAD})")
     run.add_argument("--space", help="search space YAML, or a bundled name (default throughput)")
-    run.add_argument("--objective", choices=OBJECTIVES, help="metric to maximise (default output_tokens_per_s)")
+    run.add_argument(
+        "--objective", choices=OBJECTIVES, help="metric to maximise (default output_tokens_per_s)"
+    )
     _study_args(run)
     _run_args(run)
     run.set_defaults(func=cmd_run)
@@ -224,8 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"autotune: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("autotune: interrupted; finished trials are saved, the same command resumes",
-              file=sys.stderr)
+        print("autotune: interrupted; finished trials are saved, the same command resumes", file=sys.stderr)
         return 130
 
 

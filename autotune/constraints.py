@@ -30,12 +30,11 @@ def _builtin(cfg: Mapping[str, Any], gpus: int) -> list[str]:
     if seqs is not None and tokens is not None and tokens < seqs:
         out.append(f"max_num_batched_tokens ({tokens}) must be >= max_num_seqs ({seqs})")
     max_len = cfg.get("max_model_len")
-    if cfg.get("enable_chunked_prefill") is False and tokens is not None and max_len is not None:
-        if tokens < max_len:
-            out.append(
-                f"without chunked prefill, max_num_batched_tokens ({tokens}) must be >= "
-                f"max_model_len ({max_len})"
-            )
+    no_chunking = cfg.get("enable_chunked_prefill") is False
+    if no_chunking and tokens is not None and max_len is not None and tokens < max_len:
+        out.append(
+            f"without chunked prefill, max_num_batched_tokens ({tokens}) must be >= max_model_len ({max_len})"
+        )
     partial, long_partial = cfg.get("max_num_partial_prefills"), cfg.get("max_long_partial_prefills")
     if partial is not None and long_partial is not None and long_partial > partial:
         out.append(
@@ -62,9 +61,7 @@ def _side(cfg: Mapping[str, Any], token: str) -> Any:
     return float(token) if "." in token else int(token)
 
 
-def violations(
-    cfg: Mapping[str, Any], user: tuple[Constraint, ...] = (), *, gpus: int = 1
-) -> list[str]:
+def violations(cfg: Mapping[str, Any], user: tuple[Constraint, ...] = (), *, gpus: int = 1) -> list[str]:
     """Every rule ``cfg`` breaks, as messages; empty when the config may be launched.
 
     A user rule whose fields are unset in ``cfg`` (left to vLLM's default) is not judged.

@@ -87,7 +87,7 @@ def build_export(study: optuna.Study, engine: EngineInfo, storage_url: str) -> d
             "metrics": base.user_attrs.get("metrics", {}),
             "resolved_engine_config": base.user_attrs.get("engine", {}),
         },
-        "speedup_over_baseline": (best.value / base.value) if base is not None and base.value else None,
+        "speedup_over_baseline": ratio(best.value, base.value if base is not None else None),
         "model": settings.model,
         "workload": settings.workload,
         "search_space": settings.space,
@@ -98,6 +98,10 @@ def build_export(study: optuna.Study, engine: EngineInfo, storage_url: str) -> d
         "trials": {k: v for k, v in counts.items() if v},
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def ratio(value: float | None, reference: float | None) -> float | None:
+    return value / reference if value is not None and reference else None
 
 
 def write_export(doc: dict[str, Any], out: str | Path) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +59,8 @@ INVALID_PATTERNS: tuple[str, ...] = (
     r"is not supported (on|by|for) ",
 )
 
-_OOM_RE = re.compile("|".join(f"(?:{p})" for p in OOM_PATTERNS))
-_INVALID_RE = re.compile("|".join(f"(?:{p})" for p in INVALID_PATTERNS))
+_OOM_RES = tuple(re.compile(p) for p in OOM_PATTERNS)
+_INVALID_RES = tuple(re.compile(p) for p in INVALID_PATTERNS)
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,9 @@ class TrialResult:
     engine: dict[str, Any] = field(default_factory=dict)
 
 
-def _first_match(regex: re.Pattern[str], text: str) -> str | None:
-    m = regex.search(text)
+def _first_match(patterns: tuple[re.Pattern[str], ...], text: str) -> str | None:
+    """The line of the first pattern (in the order given: most specific first) found in text."""
+    m = next((m for m in (p.search(text) for p in patterns) if m is not None), None)
     if m is None:
         return None
     # the whole line the match is on, trimmed: that is the message a user wants to see
@@ -91,7 +92,7 @@ def classify(
     *,
     returncode: int | None,
     timed_out: bool,
-    events: list[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]],
     stderr_tail: str,
 ) -> tuple[Outcome, str | None, str | None, dict[str, Any]]:
     """Decide a trial's outcome from how its process ended and what it reported.
@@ -112,12 +113,12 @@ def classify(
 
     reported = f"{error.get('error', '')}" if error else ""
     text = f"{reported}\n{stderr_tail}"
-    oom = _first_match(_OOM_RE, text)
+    oom = _first_match(_OOM_RES, text)
     if oom is not None:
         return Outcome.OOM, "oom", oom, {}
     if timed_out:
         return Outcome.TIMEOUT, "timeout", "the trial ran past its timeout and was killed", {}
-    invalid = _first_match(_INVALID_RE, text)
+    invalid = _first_match(_INVALID_RES, text)
     if invalid is not None or (error is not None and error.get("error_type") == "invalid_config"):
         return Outcome.INVALID, "invalid_config", invalid or reported[:500], {}
     if error is not None:

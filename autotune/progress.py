@@ -73,9 +73,10 @@ class Progress:
             speed = f" (x{trial.value / base_value:.2f} vs defaults)" if base_value else ""
             what = f"{trial.value:,.1f} {self.objective}{speed}"
         else:
-            what = f"{trial.state.name} [{trial.user_attrs.get('error_type')}] " + str(
-                trial.user_attrs.get("error") or ""
-            )[:160]
+            what = (
+                f"{trial.state.name} [{trial.user_attrs.get('error_type')}] "
+                + str(trial.user_attrs.get("error") or "")[:160]
+            )
         try:
             best = study.best_trial
             best_txt = f"best {best.value:,.1f} (#{best.number})"

@@ -7,6 +7,7 @@ written atomically once the process is gone). A failure is data: it lands in ``r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -64,14 +65,41 @@ def _kill_group(pgid: int, sig: int) -> bool:
         return False
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) PIDs of process group ``pgid``, from /proc; [] elsewhere."""
+    members = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def _reap_group(pgid: int, timeout_s: float = 30.0) -> None:
+    """SIGKILL what is left of the group and wait until it is gone: a dying engine frees its
+    memory only when its processes have exited, and the next trial needs that memory."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        members = group_members(pgid)
+        if not members:
+            return
+        _kill_group(pgid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            _logger.warning("processes %s of the trial outlived SIGKILL for %.0f s", members, timeout_s)
+            return
+        time.sleep(0.1)
+
+
 def _terminate(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the worker's process group, then SIGKILL whatever is left after a grace period."""
     pgid = proc.pid
     _kill_group(pgid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=_KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
     _kill_group(pgid, signal.SIGKILL)
     proc.wait()
 
@@ -109,7 +137,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
             raise
         finally:
             # engine-core children outlive a worker that died abruptly; nothing of a trial survives it
-            _kill_group(proc.pid, signal.SIGKILL)
+            _reap_group(proc.pid)
     sampler.stop()
     wall_s = time.time() - started
 
@@ -145,6 +173,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
             "error_type": error_type,
             "error": error,
             "returncode": proc.returncode,
+            "pid": proc.pid,
             "wall_s": wall_s,
             "phases_s": result.phases,
             "metrics": metrics,
@@ -163,6 +192,10 @@ def write_skipped(trial_dir: Path, params: dict[str, Any], reasons: list[str]) -
     trial_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(
         trial_dir / "result.json",
-        {"outcome": Outcome.INVALID.value, "error_type": "constraint", "error": "; ".join(reasons),
-         "params": params},
+        {
+            "outcome": Outcome.INVALID.value,
+            "error_type": "constraint",
+            "error": "; ".join(reasons),
+            "params": params,
+        },
     )

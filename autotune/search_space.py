@@ -188,7 +188,7 @@ def build_space(
         raw = {}
     if not isinstance(raw, dict):
         raise SearchSpaceError(f"{source}: the top level must be a mapping with 'parameters:'")
-    unknown_top = set(raw) - {"parameters", "fixed", "constraints", "description"}
+    unknown_top = set(raw) - {"parameters", "fixed", "constraints", "description", "name"}
     if unknown_top:
         raise SearchSpaceError(
             f"{source}: unknown top-level key(s) {sorted(unknown_top)}; "

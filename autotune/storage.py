@@ -36,7 +36,7 @@ def redact(url: str) -> str:
         from sqlalchemy.engine import make_url
 
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - an unparsable URL has no password we can find
+    except Exception:
         return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
 
 

@@ -106,8 +106,7 @@ def enqueue_config(study: optuna.Study, config: dict[str, Any], space_names: set
     Keys that are searched go in as the trial's params; the rest apply to that trial only.
     """
     params = {k: v for k, v in config.items() if k in space_names}
-    study.enqueue_trial(params, user_attrs={ROLE_ATTR: "enqueued", CONFIG_ATTR: config},
-                        skip_if_exists=False)
+    study.enqueue_trial(params, user_attrs={ROLE_ATTR: "enqueued", CONFIG_ATTR: config}, skip_if_exists=False)
 
 
 def baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:

@@ -22,7 +22,7 @@ def _nvml() -> Any | None:
 
         pynvml.nvmlInit()
         return pynvml
-    except Exception:  # noqa: BLE001 - no library, no driver, no GPU: all mean "unavailable"
+    except Exception:
         return None
 
 
@@ -33,7 +33,7 @@ def visible_device_ids() -> list[int]:
         return []
     try:
         count = nvml.nvmlDeviceGetCount()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return []
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
@@ -57,7 +57,7 @@ def gpu_names(ids: list[int]) -> list[str]:
         try:
             name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))
             names.append(name.decode() if isinstance(name, bytes) else str(name))
-        except Exception:  # noqa: BLE001
+        except Exception:
             names.append("unknown")
     return names
 
@@ -79,7 +79,7 @@ class GpuSampler:
             return self
         try:
             handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in self.device_ids]
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             _logger.debug("NVML handles unavailable: %s", e)
             return self
         self.available = True
@@ -95,7 +95,7 @@ class GpuSampler:
                 mem = [nvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]
                 power = [nvml.nvmlDeviceGetPowerUsage(h) / 1000.0 for h in handles]
                 self.samples.append((now, sum(util) / len(util), float(sum(mem)), sum(power)))
-            except Exception as e:  # noqa: BLE001 - a flaky read must not end the trial
+            except Exception as e:
                 _logger.debug("NVML sample failed: %s", e)
             self._stop.wait(self.interval_s)
 

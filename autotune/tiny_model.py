@@ -10,12 +10,13 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-_WORDS = (
+_TEXT = (
     "the model reads a prompt and writes tokens one at a time while the scheduler packs many "
     "requests into each batch so the accelerator stays busy cache blocks hold keys and values "
     "for every sequence prefill is compute bound decode is memory bound throughput grows with "
     "batch size until memory runs out summarise this document in three sentences please"
-).split()
+)
+_WORDS = tuple(_TEXT.split())
 
 
 def _corpus(n_lines: int, seed: int) -> list[str]:
@@ -85,9 +86,9 @@ def build_tiny_llama(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
-        torch_dtype="bfloat16",
+        dtype="bfloat16",
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config).to(dtype=torch.bfloat16)  # type: ignore[call-arg,arg-type]
     model.save_pretrained(out, safe_serialization=True)
     return out

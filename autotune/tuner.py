@@ -14,6 +14,7 @@ from autotune.atomic import write_text_atomic
 from autotune.config import StudySettings
 from autotune.engine_info import describe_engine
 from autotune.errors import StudyError
+from autotune.export import ratio
 from autotune.model_ref import check_model
 from autotune.objective import Objective, TrialFailed
 from autotune.progress import Progress
@@ -74,16 +75,25 @@ def run_study(req: RunRequest) -> dict[str, Any]:
     engine = describe_engine()
     device_ids = visible_device_ids()
     gpus = max(1, len(device_ids)) if engine.platform != "cpu" else 1
+
+    # check every input that was given before anything is written
+    model = check_model(req.model) if req.model is not None else None
+    given_wl = parse_workload(req.workload) if req.workload is not None else None
+    if given_wl is not None and given_wl.kind != "synthetic":
+        load_requests(given_wl)  # an empty or malformed file fails here
+    given_space = load_space(req.space, engine, gpus=gpus, extra_fixed=req.fixed) if req.space else None
+    if model is None and req.storage is None and not (studies_dir / f"{name}.db").is_file():
+        raise StudyError(f"study {name!r} does not exist yet; give --model to create it")
     storage = open_storage(url)
 
     existing = load_existing(name, storage)
+    settings: StudySettings | None = None
     if existing is None:
-        if req.model is None:
+        if model is None:
             raise StudyError(f"study {name!r} does not exist yet; give --model to create it")
-        model = check_model(req.model)
-        wl = parse_workload(req.workload or DEFAULT_WORKLOAD)
-        space = load_space(req.space, engine, gpus=gpus, extra_fixed=req.fixed)
-        settings: StudySettings | None = StudySettings(
+        wl = given_wl or parse_workload(DEFAULT_WORKLOAD)
+        space = given_space or load_space(None, engine, gpus=gpus, extra_fixed=req.fixed)
+        settings = StudySettings(
             model=model,
             workload=wl.to_dict(),
             space=space.to_dict(),
@@ -94,18 +104,18 @@ def run_study(req: RunRequest) -> dict[str, Any]:
             platform=engine.platform,
             gpus=gpu_names(device_ids) if engine.platform != "cpu" else [],
         )
-        if wl.kind != "synthetic":
-            load_requests(wl)  # an empty or malformed file fails here, before a study exists
     else:
         stored = stored_settings(existing)
-        _check_resume(name, stored, req)
+        _check_resume(name, stored, req, model, given_wl)
         wl = WorkloadSpec(**stored.workload)
-        space = (
-            load_space(req.space, engine, gpus=gpus, extra_fixed=stored.fixed)
-            if req.space
-            else build_space(stored.space, engine, source=f"study {name}", gpus=gpus, name=stored.space.get("name", "stored"))
+        if given_space is not None and given_space.fixed != stored.fixed:
+            raise StudyError(
+                f"study {name!r} fixes {stored.fixed}, --space {req.space} fixes {given_space.fixed}: "
+                "that changes the benchmark under the baseline; start a new --study"
+            )
+        space = given_space or build_space(
+            stored.space, engine, source=f"study {name}", gpus=gpus, name=stored.space.get("name", "stored")
         )
-        settings = None
 
     study, settings, created = create_or_resume(name, storage, settings)
     if not created and req.space:
@@ -129,9 +139,12 @@ def run_study(req: RunRequest) -> dict[str, Any]:
         req.trials,
         n_done - (1 if created else 0) - len(req.enqueue),
     )
-    _logger.info("model %s | workload %s | searching %s", settings.model,
-                 WorkloadSpec(**settings.workload).describe(),
-                 ", ".join(f"{p.name} {p.describe()}" for p in space.parameters) or "nothing")
+    _logger.info(
+        "model %s | workload %s | searching %s",
+        settings.model,
+        WorkloadSpec(**settings.workload).describe(),
+        ", ".join(f"{p.name} {p.describe()}" for p in space.parameters) or "nothing",
+    )
     if space.fixed:
         _logger.info("fixed for every trial: %s", space.fixed)
 
@@ -159,19 +172,23 @@ def run_study(req: RunRequest) -> dict[str, Any]:
     return summarize(study)
 
 
-def _check_resume(name: str, stored: StudySettings, req: RunRequest) -> None:
-    if req.model is not None and check_model(req.model) != stored.model:
+def _check_resume(
+    name: str, stored: StudySettings, req: RunRequest, model: str | None, wl: WorkloadSpec | None
+) -> None:
+    if model is not None and model != stored.model:
         raise StudyError(
             f"study {name!r} tunes model {stored.model!r}, not {req.model!r}; drop --model to "
             "resume it, or start a new --study"
         )
-    if req.workload is not None and parse_workload(req.workload).to_dict() != stored.workload:
+    if wl is not None and wl.to_dict() != stored.workload:
         raise StudyError(
             f"study {name!r} was created with another --workload ({stored.workload}); drop "
             "--workload to resume it, or start a new --study"
         )
     if req.objective is not None and req.objective != stored.objective:
-        raise StudyError(f"study {name!r} maximises {stored.objective}; drop --objective or start a new --study")
+        raise StudyError(
+            f"study {name!r} maximises {stored.objective}; drop --objective or start a new --study"
+        )
     changed = {k: v for k, v in req.fixed.items() if stored.fixed.get(k) != v}
     if changed:
         raise StudyError(
@@ -199,5 +216,5 @@ def summarize(study: optuna.Study) -> dict[str, Any]:
         "engine_kwargs": best.user_attrs.get("engine_kwargs"),
     }
     out["baseline_value"] = base.value if base is not None else None
-    out["speedup_over_baseline"] = best.value / base.value if base is not None and base.value else None
+    out["speedup_over_baseline"] = ratio(best.value, out["baseline_value"])
     return out

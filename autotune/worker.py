@@ -63,13 +63,13 @@ def describe() -> dict[str, Any]:
     from autotune.engine_info import installed_distribution
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    actions = {a.dest: a for a in parser._actions}  # noqa: SLF001 - argparse has no public list
+    actions = {a.dest: a for a in parser._actions}
     namespace = vars(sys.modules[EngineArgs.__module__])
     hints: dict[str, Any] = {}
     for f in dataclasses.fields(EngineArgs):
         try:  # per field: one unresolvable forward reference must not hide the others
-            hints[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type  # noqa: S307
-        except Exception:  # noqa: BLE001
+            hints[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type
+        except Exception:
             hints[f.name] = f.type
     args: dict[str, Any] = {}
     for f in dataclasses.fields(EngineArgs):
@@ -81,7 +81,7 @@ def describe() -> dict[str, Any]:
             kinds = {_SCALARS.get(type(c), "other") for c in action.choices}
             kind = kinds.pop() if len(kinds) == 1 else "other"
         boolean_optional = isinstance(action, argparse.BooleanOptionalAction)
-        store_true = isinstance(action, argparse._StoreTrueAction)  # noqa: SLF001
+        store_true = isinstance(action, argparse._StoreTrueAction)
         if boolean_optional or store_true:
             kind = "bool"
         default = f.default if f.default is not dataclasses.MISSING else None
@@ -108,11 +108,22 @@ def _engine_facts(llm: Any) -> dict[str, Any]:
     """The settings the engine actually resolved (vLLM fills many defaults per platform)."""
     cfg = llm.llm_engine.vllm_config
     picks = {
-        "cache_config": ("block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype",
-                         "gpu_memory_utilization", "kv_cache_memory_bytes"),
-        "scheduler_config": ("max_num_seqs", "max_num_batched_tokens", "async_scheduling",
-                             "enable_chunked_prefill", "long_prefill_token_threshold",
-                             "max_num_partial_prefills"),
+        "cache_config": (
+            "block_size",
+            "num_gpu_blocks",
+            "enable_prefix_caching",
+            "cache_dtype",
+            "gpu_memory_utilization",
+            "kv_cache_memory_bytes",
+        ),
+        "scheduler_config": (
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "async_scheduling",
+            "enable_chunked_prefill",
+            "long_prefill_token_threshold",
+            "max_num_partial_prefills",
+        ),
         "model_config": ("max_model_len", "dtype", "enforce_eager", "quantization"),
         "parallel_config": ("tensor_parallel_size",),
         "compilation_config": ("max_cudagraph_capture_size", "cudagraph_mode", "mode"),
@@ -218,8 +229,9 @@ def run(spec: dict[str, Any]) -> int:
         t0 = time.perf_counter()
         k = min(len(requests), int(spec.get("warmup_requests", 16)))
         if k:
-            llm.generate([p for p, _ in requests[:k]], [params(min(n, 16)) for _, n in requests[:k]],
-                         use_tqdm=False)
+            llm.generate(
+                [p for p, _ in requests[:k]], [params(min(n, 16)) for _, n in requests[:k]], use_tqdm=False
+            )
         warmup_s = time.perf_counter() - t0
 
         protocol.emit("phase", phase="generate", t=time.time())
@@ -259,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     try:
         return run(spec)
-    except BaseException as e:  # noqa: BLE001 - every failure is reported, then re-raised as exit 1
+    except BaseException as e:
         traceback.print_exc()
         protocol.emit("error", error_type=type(e).__name__, error=str(e)[:4000])
         return 1

@@ -158,7 +158,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         if isinstance(obj, str):
             obj = {"prompt": obj}
         if not isinstance(obj, dict):
-            raise WorkloadError(f"--workload: {where} must be a JSON object with a \"prompt\"")
+            raise WorkloadError(f'--workload: {where} must be a JSON object with a "prompt"')
         records.append(_request(obj, where))
     return records
 
@@ -174,7 +174,7 @@ def _request(obj: dict[str, Any], where: str) -> dict[str, Any]:
         rec["prompt_token_ids"] = ids
     else:
         raise WorkloadError(
-            f"--workload: {where} needs a non-empty \"prompt\" string or \"prompt_token_ids\" list"
+            f'--workload: {where} needs a non-empty "prompt" string or "prompt_token_ids" list'
         )
     out = obj.get("output_len", obj.get("max_tokens"))
     if out is not None:

@@ -1,0 +1,104 @@
+"""Bad input through the real command line: one clear message, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import autotune
+
+
+def _assert_clean_error(proc, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for n in needles:
+        assert n in proc.stderr, proc.stderr
+
+
+@pytest.fixture
+def studies(tmp_path: Path) -> Path:
+    return tmp_path / "studies"
+
+
+def test_missing_model_path(studies):
+    proc = autotune("run", "--model", "/no/such/model", "--study", "s", "--studies-dir", str(studies))
+    _assert_clean_error(proc, "--model /no/such/model", "no such directory")
+    assert not (studies / "s.db").exists()
+
+
+def test_unknown_engine_arg(tmp_path, studies, tiny_model):
+    space = tmp_path / "s.yaml"
+    space.write_text("parameters:\n  swap_space: {type: int, low: 1, high: 8}\n")
+    proc = autotune(
+        "run",
+        "--model",
+        str(tiny_model),
+        "--study",
+        "s",
+        "--studies-dir",
+        str(studies),
+        "--space",
+        str(space),
+    )
+    _assert_clean_error(proc, "parameters.swap_space", "not an engine argument")
+
+
+def test_malformed_yaml(tmp_path, studies, tiny_model):
+    space = tmp_path / "s.yaml"
+    space.write_text("parameters: [unclosed\n")
+    proc = autotune(
+        "run",
+        "--model",
+        str(tiny_model),
+        "--study",
+        "s",
+        "--studies-dir",
+        str(studies),
+        "--space",
+        str(space),
+    )
+    _assert_clean_error(proc, "malformed YAML at line")
+
+
+def test_empty_workload(tmp_path, studies, tiny_model):
+    wl = tmp_path / "empty.jsonl"
+    wl.write_text("")
+    proc = autotune(
+        "run",
+        "--model",
+        str(tiny_model),
+        "--study",
+        "s",
+        "--studies-dir",
+        str(studies),
+        "--workload",
+        str(wl),
+    )
+    _assert_clean_error(proc, "no usable prompt")
+    assert not (studies / "s.db").exists()
+
+
+def test_bad_storage_url(tiny_model):
+    proc = autotune("run", "--model", str(tiny_model), "--study", "s", "--storage", "redis://localhost/1")
+    _assert_clean_error(proc, "--storage", "unsupported scheme 'redis'")
+
+
+def test_bad_study_name(tiny_model):
+    proc = autotune("run", "--model", str(tiny_model), "--study", "../escape")
+    _assert_clean_error(proc, "--study '../escape'")
+
+
+def test_zero_trials():
+    proc = autotune("run", "--study", "s", "--trials", "0")
+    assert proc.returncode == 2 and "must be at least 1" in proc.stderr
+
+
+def test_export_of_missing_study(studies):
+    proc = autotune("export", "--study", "nope", "--studies-dir", str(studies), "--out", "x.json")
+    _assert_clean_error(proc, "no study 'nope'")
+
+
+def test_resume_of_missing_study_needs_model(studies):
+    proc = autotune("run", "--study", "nope", "--studies-dir", str(studies), "--trials", "1")
+    _assert_clean_error(proc, "does not exist yet; give --model")

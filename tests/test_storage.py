@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import StorageError
+from autotune.storage import check_study_name, open_storage, redact
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", "", ".hidden", "x" * 200, "a..b"])
+def test_bad_study_names(name):
+    with pytest.raises(StorageError, match="--study"):
+        check_study_name(name)
+
+
+def test_good_study_name():
+    assert check_study_name("llama7b-h200_v1.2") == "llama7b-h200_v1.2"
+
+
+@pytest.mark.parametrize("url", ["redis://localhost/0", "not a url", "http://example/x"])
+def test_bad_storage_urls(url):
+    with pytest.raises(StorageError, match="--storage"):
+        open_storage(url)
+
+
+def test_redact_hides_password():
+    assert "s3cret" not in redact("postgresql://user:s3cret@db:5432/autotune")
+    assert "user" in redact("postgresql://user:s3cret@db:5432/autotune")
+
+
+def test_sqlite_creates_its_directory(tmp_path: Path):
+    open_storage(f"sqlite:///{tmp_path}/deep/dir/s.db")
+    assert (tmp_path / "deep" / "dir" / "s.db").is_file()
