@@ -78,6 +78,12 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         metavar="JSON|FILE",
         help="a config to measure next, e.g. a hand-tuned one (repeatable)",
     )
+    p.add_argument(
+        "--time-budget",
+        type=_positive_float,
+        metavar="SEC",
+        help="start no trial that would likely end after SEC seconds of this run",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study")
     p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")
 
@@ -133,6 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         fixed=_parse_set(args.set),
         enqueue=_parse_enqueue(args.enqueue),
         seed=args.seed,
+        time_budget_s=args.time_budget,
         show_bar=not args.no_bar and sys.stderr.isatty(),
     )
     summary = run_study(request)
@@ -189,6 +196,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         fixed=_parse_set(args.set),
         enqueue=_parse_enqueue(args.enqueue),
         seed=args.seed,
+        time_budget_s=args.time_budget,
         show_bar=not args.no_bar and sys.stderr.isatty(),
     )
     summary = run_study(request)

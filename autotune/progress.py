@@ -32,11 +32,13 @@ class Progress:
     budget: int
     objective: str
     show_bar: bool = True
+    time_budget_s: float | None = None
     max_consecutive_skips: int = 50
     launched: int = 0
     consecutive_skips: int = 0
     started: float = field(default_factory=time.time)
     stopped_for_skips: bool = False
+    stopped_for_time: bool = False
     _bar: Any = None
 
     def __post_init__(self) -> None:
@@ -65,6 +67,17 @@ class Progress:
             self._bar.update(1)
         if self.launched >= self.budget:
             study.stop()
+        elif self.time_budget_s is not None:
+            # start another trial only if one of average length still fits in the time left
+            elapsed = time.time() - self.started
+            if elapsed + elapsed / self.launched > self.time_budget_s:
+                self.stopped_for_time = True
+                _logger.info(
+                    "time budget of %.0f s: stopping after %d trial(s); the same command resumes",
+                    self.time_budget_s,
+                    self.launched,
+                )
+                study.stop()
 
     def _log(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         base = baseline_trial(study)

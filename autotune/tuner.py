@@ -51,6 +51,7 @@ class RunRequest:
     fixed: dict[str, Any] = field(default_factory=dict)
     enqueue: list[dict[str, Any]] = field(default_factory=list)
     seed: int = 0
+    time_budget_s: float | None = None
     show_bar: bool = False
     env: dict[str, str] = field(default_factory=dict)
 
@@ -158,7 +159,12 @@ def run_study(req: RunRequest) -> dict[str, Any]:
         requests_file=requests_file,
         env=req.env,
     )
-    progress = Progress(budget=req.trials, objective=settings.objective, show_bar=req.show_bar)
+    progress = Progress(
+        budget=req.trials,
+        objective=settings.objective,
+        show_bar=req.show_bar,
+        time_budget_s=req.time_budget_s,
+    )
     try:
         study.optimize(objective, n_trials=None, callbacks=[progress], catch=(TrialFailed,))
     finally:
