@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -207,6 +208,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def build_parser() -> argparse.ArgumentParser:
     from autotune import __version__
     from autotune.config import OBJECTIVES
@@ -249,6 +254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure(logging.DEBUG if args.debug else logging.INFO)
     func: Callable[[argparse.Namespace], int] = args.func
+    # a scheduler's or `timeout`'s SIGTERM must take the running trial's process group down too:
+    # the trial runs in its own session, so only the unwinding in runner.run_trial kills it
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return func(args)
     except AutotuneError as e:

@@ -232,6 +232,9 @@ def run(spec: dict[str, Any]) -> int:
             llm.generate(
                 [p for p, _ in requests[:k]], [params(min(n, 16)) for _, n in requests[:k]], use_tqdm=False
             )
+            # the timed run must not find the warm-up's prompts in the prefix cache: that would
+            # favour small blocks and prefix caching itself, both of which are searched
+            llm.reset_prefix_cache()
         warmup_s = time.perf_counter() - t0
 
         protocol.emit("phase", phase="generate", t=time.time())

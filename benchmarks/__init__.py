@@ -1,0 +1,1 @@
+"""Repeatable benchmarks around the tuner: configs side by side, with a roofline (see README.md)."""
