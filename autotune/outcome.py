@@ -56,6 +56,8 @@ INVALID_PATTERNS: tuple[str, ...] = (
     r"validation error for \w+Config",
     r"For FP8 input, output must have dtype BF16",
     r"No common block size for",
+    # vLLM 0.26 V1 on H200 with max_num_partial_prefills > 1
+    r"Concurrent Partial Prefill is not supported",
     r"is not supported (on|by|for) ",
 )
 

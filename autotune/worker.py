@@ -193,7 +193,7 @@ def run(spec: dict[str, Any]) -> int:
     protocol.emit("phase", phase="validate", t=time.time())
     try:
         EngineArgs(**kwargs).create_engine_config(usage_context=UsageContext.LLM_CLASS)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, NotImplementedError) as e:  # vLLM's own checks said no
         traceback.print_exc()
         protocol.emit("error", error_type="invalid_config", error=f"{type(e).__name__}: {e}"[:4000])
         return 3

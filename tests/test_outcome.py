@@ -76,6 +76,17 @@ def test_invalid_config():
     assert "max_num_seqs" in (error or "")
 
 
+def test_unsupported_feature_is_invalid():
+    # vLLM 0.26 on the H200, max_num_partial_prefills=2, raised in the worker's validation step
+    text = (
+        "NotImplementedError: Concurrent Partial Prefill is not supported. We recommend to "
+        "remove Concurrent Partial Prefill from your config."
+    )
+    events = [{"event": "error", "error_type": "NotImplementedError", "error": text[21:]}]
+    outcome, error_type, _, _ = classify(returncode=1, timed_out=False, events=events, stderr_tail=text)
+    assert (outcome, error_type) == (Outcome.INVALID, "invalid_config")
+
+
 def test_timeout():
     outcome, error_type, _, _ = classify(returncode=-15, timed_out=True, events=[], stderr_tail="")
     assert outcome is Outcome.TIMEOUT and error_type == "timeout"
