@@ -1,4 +1,4 @@
-"""The ``autotune`` command: ``run``, ``export``, ``demo``.
+"""The ``autotune`` command: ``run``, ``export``, ``demo``, ``importance``, ``report``, ``ls``, ``show``.
 
 Every ``AutotuneError`` becomes one line on stderr and exit code 2; ``--debug`` adds tracebacks.
 """
@@ -56,8 +56,9 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument(
         "--trials",
         type=_positive_int,
-        default=6 if demo else 30,
-        help="trials to run now (a new study's first is vLLM's defaults)",
+        default=None,
+        help=f"trials to add to the study's budget (a new study: {6 if demo else 30}, the first "
+        "being vLLM's defaults); without it a resume runs up to the budget",
     )
     p.add_argument(
         "--trial-timeout",
@@ -162,7 +163,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     study = load_existing(name, open_storage(url))
     if study is None:
         raise StudyError(f"no study named {name!r} in {redact(url)}")
-    doc = build_export(study, describe_engine(), redact(url))
+    importance: dict[str, Any] = {"status": "skipped", "message": "exported with --no-importance"}
+    if not getattr(args, "no_importance", False):  # cmd_demo calls this with a bare Namespace
+        from autotune.importance import export_importance
+
+        importance, table = export_importance(study)
+        print(table)
+    doc = build_export(study, describe_engine(), redact(url), importance=importance)
     path = write_export(doc, args.out)
     speed = doc["speedup_over_baseline"]
     _logger.info(
@@ -173,6 +180,49 @@ def cmd_export(args: argparse.Namespace) -> int:
         f", x{speed:.2f} vs vLLM defaults" if speed else "",
         path,
     )
+    return 0
+
+
+def cmd_importance(args: argparse.Namespace) -> int:
+    """Rank what drives the study's objective and what makes configs infeasible."""
+    from autotune.importance import compute_importance, format_table
+    from autotune.inspect import open_study
+
+    study, _ = open_study(args.study, args.storage, args.studies_dir)
+    report = compute_importance(study, n_jobs=args.jobs, seed=args.seed)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else format_table(report))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write a self-contained HTML report of the study."""
+    from autotune.inspect import open_study
+    from autotune.report import write_report
+
+    study, url = open_study(args.study, args.storage, args.studies_dir)
+    path = write_report(study, args.out, storage=url, importance_kwargs={"n_jobs": args.jobs})
+    _logger.info("open it in a browser: %s", path.resolve().as_uri())
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """List the studies in a storage (or in every study database of --studies-dir)."""
+    import dataclasses
+
+    from autotune.inspect import format_list, list_studies, storage_urls
+
+    rows = list_studies(storage_urls(args.storage, args.studies_dir))
+    print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) if args.json else format_list(rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Show one study: its settings, the best trial against the baseline, every trial."""
+    from autotune.inspect import format_show, open_study, show_doc
+
+    study, url = open_study(args.study, args.storage, args.studies_dir)
+    doc = show_doc(study, url)
+    print(json.dumps(doc, indent=2, default=str) if args.json else format_show(doc))
     return 0
 
 
@@ -192,7 +242,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         workload=args.workload,
         space=args.space,
         objective="output_tokens_per_s",
-        trials=args.trials,
+        trials=args.trials or 6,
         trial_timeout_s=args.trial_timeout,
         fixed=_parse_set(args.set),
         enqueue=_parse_enqueue(args.enqueue),
@@ -235,7 +285,34 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="write the best config of a study as JSON")
     _study_args(export)
     export.add_argument("--out", required=True, type=Path, help="JSON file to write")
+    export.add_argument(
+        "--no-importance", action="store_true", help="skip the parameter importance ranking (seconds)"
+    )
     export.set_defaults(func=cmd_export)
+
+    importance = sub.add_parser("importance", help="rank what drives the objective and what causes OOMs")
+    _study_args(importance)
+    importance.add_argument("--jobs", type=int, default=-1, help="parallel refits (default: one per core)")
+    importance.add_argument("--seed", type=int, default=0, help="seed of the surrogates and their folds")
+    importance.add_argument("--json", action="store_true", help="print the JSON that exports store")
+    importance.set_defaults(func=cmd_importance)
+
+    report = sub.add_parser("report", help="write a self-contained HTML report of a study")
+    _study_args(report)
+    report.add_argument("--out", required=True, type=Path, help="HTML file to write")
+    report.add_argument("--jobs", type=int, default=-1, help="parallel refits (default: one per core)")
+    report.set_defaults(func=cmd_report)
+
+    ls = sub.add_parser("ls", help="list the studies in a storage, with counts and speedups")
+    ls.add_argument("--storage", help="Optuna storage URL (default: every *.db in --studies-dir)")
+    ls.add_argument("--studies-dir", default="studies", type=Path, help="where study databases live")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.set_defaults(func=cmd_ls)
+
+    show = sub.add_parser("show", help="one study: settings, best vs baseline, the trials")
+    _study_args(show)
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(func=cmd_show)
 
     demo = sub.add_parser("demo", help="tune a tiny local Llama for real (no GPU, no model hub)")
     demo.set_defaults(study="demo", storage=None)

@@ -46,12 +46,24 @@ def serve_args(kwargs: dict[str, Any], engine: EngineInfo) -> list[str]:
     return out
 
 
-def build_export(study: optuna.Study, engine: EngineInfo, storage_url: str) -> dict[str, Any]:
+def build_export(
+    study: optuna.Study,
+    engine: EngineInfo,
+    storage_url: str,
+    *,
+    importance: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The export document for the study's best trial.
+
+    Args:
+        importance: The ``importance`` entry (:func:`autotune.importance.export_importance`);
+            computed here when None.
 
     Raises:
         StudyError: no trial of the study completed.
     """
+    from autotune.importance import importance_section
+
     settings = stored_settings(study)
     try:
         best = study.best_trial
@@ -96,6 +108,7 @@ def build_export(study: optuna.Study, engine: EngineInfo, storage_url: str) -> d
         "platform": settings.platform,
         "gpu": {"names": settings.gpus, "count": len(settings.gpus)},
         "trials": {k: v for k, v in counts.items() if v},
+        "importance": importance if importance is not None else importance_section(study),
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -76,7 +76,14 @@ class Objective:
             env=self.env,
             device_ids=self.device_ids,
         )
-        result = run_trial(spec)
+        try:
+            result = run_trial(spec)
+        except KeyboardInterrupt:
+            # the trial's process group is gone already (run_trial); the config gets retried
+            trial.set_user_attr("outcome", "interrupted")
+            trial.set_user_attr("error_type", "interrupted")
+            trial.set_user_attr("error", "interrupted by the user (Ctrl-C / SIGTERM)")
+            raise
         trial.set_user_attr("outcome", result.outcome.value)
         trial.set_user_attr("wall_s", result.wall_s)
         trial.set_user_attr("phases_s", result.phases)

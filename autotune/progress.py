@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
-from autotune.study import ROLE_ATTR, baseline_trial
+from autotune.study import ROLE_ATTR, baseline_trial, counted_trials
 
 _logger = get_logger(__name__)
 
@@ -22,15 +22,18 @@ def _fmt_params(params: dict[str, Any], limit: int = 6) -> str:
 
 @dataclass
 class Progress:
-    """Optuna callback: logs each trial, stops the study once ``budget`` trials were launched.
+    """Optuna callback: logs each trial, stops the study once its ``budget`` is used up.
 
-    Configs skipped by a constraint (no engine started) don't use up the budget; after
+    The budget is the study's (all workers together): trials counted in storage by
+    :func:`autotune.study.counted_trials`. Configs skipped by a constraint (no engine started)
+    and interrupted trials don't use it up; after
     ``max_consecutive_skips`` of them in a row the run stops, since the constraints then rule
     out nearly everything the sampler proposes.
     """
 
     budget: int
     objective: str
+    counted_at_start: int = 0
     show_bar: bool = True
     time_budget_s: float | None = None
     max_consecutive_skips: int = 50
@@ -45,7 +48,13 @@ class Progress:
         if self.show_bar:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.budget, unit="trial", dynamic_ncols=True, leave=False)
+            self._bar = tqdm(
+                total=self.budget,
+                initial=self.counted_at_start,
+                unit="trial",
+                dynamic_ncols=True,
+                leave=False,
+            )
 
     def close(self) -> None:
         if self._bar is not None:
@@ -62,10 +71,11 @@ class Progress:
             return
         self.consecutive_skips = 0
         self.launched += 1
-        self._log(study, trial)
+        counted = counted_trials(study)
+        self._log(study, trial, counted)
         if self._bar is not None:
             self._bar.update(1)
-        if self.launched >= self.budget:
+        if counted >= self.budget:
             study.stop()
         elif self.time_budget_s is not None:
             # start another trial only if one of average length still fits in the time left
@@ -79,7 +89,7 @@ class Progress:
                 )
                 study.stop()
 
-    def _log(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    def _log(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, counted: int) -> None:
         base = baseline_trial(study)
         base_value = base.value if base is not None else None
         if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
@@ -96,13 +106,13 @@ class Progress:
         except ValueError:
             best_txt = "no completed trial yet"
         elapsed = time.time() - self.started
-        eta = elapsed / self.launched * (self.budget - self.launched)
+        eta = elapsed / self.launched * max(0, self.budget - counted)
         role = trial.user_attrs.get(ROLE_ATTR, "sampled")
         params = trial.params if role != "enqueued" else trial.user_attrs.get("autotune_config", {})
         wall = trial.user_attrs.get("wall_s")
         _logger.info(
             "trial %d/%d [#%d%s] %s | %s | %s | %s | ETA %s",
-            self.launched,
+            counted,
             self.budget,
             trial.number,
             "" if role == "sampled" else f" {role}",

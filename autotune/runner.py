@@ -21,7 +21,7 @@ from autotune import protocol
 from autotune._logging import get_logger
 from autotune.atomic import write_json_atomic
 from autotune.outcome import Outcome, TrialResult, classify
-from autotune.telemetry import GpuSampler
+from autotune.telemetry import GpuSampler, wait_for_idle_gpus
 
 _logger = get_logger(__name__)
 _TAIL_BYTES = 64 * 1024
@@ -98,10 +98,12 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the worker's process group, then SIGKILL whatever is left after a grace period."""
     pgid = proc.pid
     _kill_group(pgid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=_KILL_GRACE_S)
-    _kill_group(pgid, signal.SIGKILL)
-    proc.wait()
+    try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_KILL_GRACE_S)
+    finally:  # a second Ctrl-C during the grace period: kill now, then let it propagate
+        _kill_group(pgid, signal.SIGKILL)
+        proc.wait()
 
 
 def run_trial(spec: TrialSpec) -> TrialResult:
@@ -111,8 +113,9 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     spec_path = tdir / "spec.json"
     write_json_atomic(spec_path, spec.to_json())
     out_path, err_path = tdir / "stdout.log", tdir / "stderr.log"
-    env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", "AUTOTUNE_PARENT_PID": str(os.getpid())}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    wait_for_idle_gpus(spec.device_ids)
     sampler = GpuSampler(spec.device_ids).start()
     started = time.time()
     timed_out = False

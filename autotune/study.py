@@ -14,6 +14,10 @@ from autotune.errors import StudyError
 _logger = get_logger(__name__)
 SETTINGS_ATTR = "autotune"
 ROLE_ATTR = "autotune_role"
+BUDGET_ATTR = "autotune_budget"
+RETRY_ATTR = "autotune_retry_of"
+#: error types of trials that did not use up the budget (never launched, or cut off by the user)
+UNCOUNTED = ("constraint", "interrupted")
 CONFIG_ATTR = "autotune_config"
 
 
@@ -115,3 +119,45 @@ def baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
         if t.user_attrs.get(ROLE_ATTR) == "baseline":
             return t
     return None
+
+
+def counted_trials(study: optuna.Study) -> int:
+    """Trials that used up the study's budget: launched, finished or still running anywhere."""
+    return sum(
+        1
+        for t in study.get_trials(deepcopy=False)
+        if t.state != optuna.trial.TrialState.WAITING and t.user_attrs.get("error_type") not in UNCOUNTED
+    )
+
+
+def budget(study: optuna.Study) -> int:
+    return int(study.user_attrs.get(BUDGET_ATTR, 0))
+
+
+def fail_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
+    """Mark RUNNING trials FAIL (``error_type=interrupted``); only safe while no other worker can
+    be running this study (the SQLite lock is held). Returns their numbers."""
+    numbers = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        storage.set_trial_user_attr(t._trial_id, "outcome", "interrupted")
+        storage.set_trial_user_attr(t._trial_id, "error_type", "interrupted")
+        storage.set_trial_user_attr(t._trial_id, "error", "the tuner was killed during this trial")
+        storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        numbers.append(t.number)
+    return numbers
+
+
+def requeue_interrupted(study: optuna.Study) -> list[int]:
+    """Queue again every config whose trial was interrupted and not yet retried."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get(RETRY_ATTR) for t in trials}
+    done = []
+    for t in trials:
+        if t.user_attrs.get("error_type") != "interrupted" or t.number in retried:
+            continue
+        attrs = {RETRY_ATTR: t.number, ROLE_ATTR: t.user_attrs.get(ROLE_ATTR, "sampled")}
+        if CONFIG_ATTR in t.user_attrs:
+            attrs[CONFIG_ATTR] = t.user_attrs[CONFIG_ATTR]
+        study.enqueue_trial(dict(t.params), user_attrs=attrs)
+        done.append(t.number)
+    return done

@@ -119,3 +119,39 @@ class GpuSampler:
             out["mean_gpu_util_pct"] = sum(s[1] for s in inside) / len(inside)
             out["mean_power_w"] = sum(s[3] for s in inside) / len(inside)
         return out
+
+
+def _gpu_processes(nvml: Any, ids: list[int]) -> list[int]:
+    pids = []
+    for i in ids:
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            pids += [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+        except Exception:  # unknown means "don't wait for it"
+            continue
+    return pids
+
+
+def wait_for_idle_gpus(ids: list[int], timeout_s: float = 120.0, interval_s: float = 1.0) -> bool:
+    """Wait until no process computes on GPUs ``ids`` (a previous engine may still be freeing its
+    memory), at most ``timeout_s``; True when idle. Without NVML: True at once."""
+    nvml = _nvml() if ids else None
+    if nvml is None:
+        return True
+    deadline = time.monotonic() + timeout_s
+    said = False
+    while pids := _gpu_processes(nvml, ids):
+        if time.monotonic() > deadline:
+            _logger.warning(
+                "GPU(s) %s still used by process(es) %s after %.0f s; starting the trial anyway "
+                "(its memory figures may be off)",
+                ids,
+                pids,
+                timeout_s,
+            )
+            return False
+        if not said:
+            _logger.info("waiting for process(es) %s to release GPU(s) %s", pids, ids)
+            said = True
+        time.sleep(interval_s)
+    return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,20 +13,26 @@ import optuna
 from autotune._logging import get_logger
 from autotune.atomic import write_text_atomic
 from autotune.config import StudySettings
-from autotune.engine_info import describe_engine
+from autotune.engine_info import EngineInfo, describe_engine
 from autotune.errors import StudyError
 from autotune.export import ratio
+from autotune.lock import study_lock
 from autotune.model_ref import check_model
 from autotune.objective import Objective, TrialFailed
 from autotune.progress import Progress
-from autotune.search_space import build_space, load_space
+from autotune.search_space import SearchSpace, build_space, load_space
 from autotune.storage import check_study_name, default_url, open_storage, redact
 from autotune.study import (
+    BUDGET_ATTR,
     SETTINGS_ATTR,
     baseline_trial,
+    budget,
+    counted_trials,
     create_or_resume,
     enqueue_config,
+    fail_interrupted,
     load_existing,
+    requeue_interrupted,
     stored_settings,
 )
 from autotune.telemetry import gpu_names, visible_device_ids
@@ -33,6 +40,7 @@ from autotune.workload import WorkloadSpec, load_requests, parse_workload
 
 _logger = get_logger(__name__)
 DEFAULT_WORKLOAD = "synthetic:count=1000,input_len=256,output_len=256"
+DEFAULT_TRIALS = 30
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class RunRequest:
     """What ``autotune run`` was asked to do; None means "the study's stored value or default"."""
 
     study: str
-    trials: int
+    trials: int | None = None
     storage: str | None = None
     studies_dir: Path = Path("studies")
     model: str | None = None
@@ -85,6 +93,27 @@ def run_study(req: RunRequest) -> dict[str, Any]:
     given_space = load_space(req.space, engine, gpus=gpus, extra_fixed=req.fixed) if req.space else None
     if model is None and req.storage is None and not (studies_dir / f"{name}.db").is_file():
         raise StudyError(f"study {name!r} does not exist yet; give --model to create it")
+    lock = (
+        study_lock(Path(url.removeprefix("sqlite:///")).with_suffix(".lock"), name)
+        if url.startswith("sqlite:///")
+        else contextlib.nullcontext()
+    )
+    with lock:
+        return _run_locked(req, name, url, engine, gpus, device_ids, model, given_wl, given_space)
+
+
+def _run_locked(
+    req: RunRequest,
+    name: str,
+    url: str,
+    engine: EngineInfo,
+    gpus: int,
+    device_ids: list[int],
+    model: str | None,
+    given_wl: WorkloadSpec | None,
+    given_space: SearchSpace | None,
+) -> dict[str, Any]:
+    studies_dir = req.studies_dir
     storage = open_storage(url)
 
     existing = load_existing(name, storage)
@@ -119,6 +148,14 @@ def run_study(req: RunRequest) -> dict[str, Any]:
         )
 
     study, settings, created = create_or_resume(name, storage, settings)
+    if url.startswith("sqlite:"):  # the lock is held: whatever is RUNNING was cut off
+        for n in fail_interrupted(study, storage):
+            _logger.warning("trial #%d was cut off by an earlier run that died; marked failed", n)
+    for n in requeue_interrupted(study):
+        _logger.info("trial #%d was interrupted: its config runs again", n)
+    # the budget lives in the study: --trials N adds N; a plain resume runs up to it
+    total = (req.trials or DEFAULT_TRIALS) if created else budget(study) + (req.trials or 0)
+    study.set_user_attr(BUDGET_ATTR, total)
     if not created and req.space:
         study.set_user_attr(SETTINGS_ATTR, {**settings.to_dict(), "space": space.to_dict()})
     study_dir = studies_dir / name
@@ -128,17 +165,18 @@ def run_study(req: RunRequest) -> dict[str, Any]:
     for dropped in space.dropped:
         _logger.info("space: %s is not in this vLLM; dropped (optional)", dropped)
 
-    n_done = len(study.trials)
+    counted = counted_trials(study)
     _logger.info(
-        "%s study %r (%s) on %s %s [%s]: %d trial(s) now, %d before",
+        "%s study %r (%s) on %s %s [%s]: %d of %d trials done, %d to run",
         "new" if created else "resuming",
         name,
         redact(url),
         engine.distribution,
         engine.vllm_version,
         engine.platform,
-        req.trials,
-        n_done - (1 if created else 0) - len(req.enqueue),
+        counted,
+        total,
+        max(0, total - counted),
     )
     _logger.info(
         "model %s | workload %s | searching %s",
@@ -159,8 +197,12 @@ def run_study(req: RunRequest) -> dict[str, Any]:
         requests_file=requests_file,
         env=req.env,
     )
+    if counted >= total:
+        _logger.info("study %r has all %d of its trials; pass --trials N to add N more", name, total)
+        return summarize(study)
     progress = Progress(
-        budget=req.trials,
+        budget=total,
+        counted_at_start=counted,
         objective=settings.objective,
         show_bar=req.show_bar,
         time_budget_s=req.time_budget_s,

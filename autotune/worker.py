@@ -263,8 +263,32 @@ def run(spec: dict[str, Any]) -> int:
     return 0
 
 
+def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+    """Kill this trial's whole process group once the tuner that started it is gone.
+
+    The worker runs in its own session (so a terminal's Ctrl-C reaches only the tuner), which
+    also means nothing else takes it down if the tuner is SIGKILLed; an orphaned engine would
+    hold the GPU's memory forever.
+    """
+    import os
+    import signal
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval_s)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
+    import os
+
     argv = sys.argv[1:] if argv is None else argv
+    parent = os.environ.get("AUTOTUNE_PARENT_PID", "")
+    if parent.isdigit():
+        _watch_parent(int(parent))
     if argv == ["--describe"]:
         protocol.emit("describe", info=describe())
         return 0

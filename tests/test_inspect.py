@@ -1,0 +1,104 @@
+"""``autotune ls`` / ``show``: the studies of a storage, and one study in detail."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.errors import StudyError
+from autotune.inspect import (
+    format_list,
+    format_show,
+    list_studies,
+    open_study,
+    show_doc,
+    storage_urls,
+    trial_rows,
+)
+from tests.synthetic import DEFAULTS, make_study
+
+H200_DB = Path(__file__).resolve().parent.parent / "benchmarks/results/h200-2026-12-02/h200-llama2-7b.db"
+
+
+def test_ls_reads_the_study_databases_of_a_directory(tmp_path):
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    for name, n in (("alpha", 6), ("beta", 3)):
+        make_study(f"sqlite:///{studies / name}.db", n=n, seed=n, name=name, extra_failures=False)
+    other = studies / "other.db"  # an SQLite file that is not Optuna's: left alone
+    with sqlite3.connect(other) as con:
+        con.execute("CREATE TABLE notes (x TEXT)")
+    con.close()
+    (studies / "junk.db").write_text("not a database")
+    before = other.read_bytes()
+
+    urls = storage_urls(None, studies)
+    assert [u.rsplit("/", 1)[-1] for u in urls] == ["alpha.db", "beta.db"]
+    rows = list_studies(urls)
+    assert [r.name for r in rows] == ["alpha", "beta"]
+    alpha = rows[0]
+    assert alpha.n_trials == 7 and sum(alpha.counts.values()) == 7
+    assert alpha.best_value is not None and alpha.baseline_value is not None
+    assert alpha.speedup == pytest.approx(alpha.best_value / alpha.baseline_value)
+    text = format_list(rows)
+    assert "alpha" in text and "beta" in text and f"x{alpha.speedup:.3f}" in text
+    assert other.read_bytes() == before
+
+
+def test_ls_one_storage_with_several_studies(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    make_study(url, n=4, name="one", extra_failures=False)
+    make_study(url, n=4, name="two", extra_failures=False)
+    optuna.create_study(study_name="foreign", storage=url)
+    rows = list_studies(storage_urls(url, tmp_path))
+    assert [r.name for r in rows] == ["foreign", "one", "two"]
+    assert "(not an autotune study)" in format_list(rows)
+
+
+def test_ls_says_where_to_look(tmp_path):
+    with pytest.raises(StudyError, match="--studies-dir"):
+        storage_urls(None, tmp_path)
+    with pytest.raises(StudyError, match="--studies-dir"):
+        storage_urls(None, tmp_path / "missing")
+
+
+def test_show_missing_study(tmp_path):
+    with pytest.raises(StudyError, match="autotune ls"):
+        open_study("nope", None, tmp_path)
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    make_study(url, n=2, name="present", extra_failures=False)
+    with pytest.raises(StudyError, match="no study named 'nope'"):
+        open_study("nope", url, tmp_path)
+
+
+def test_rows_resolve_the_baseline_to_vllm_defaults():
+    rows = trial_rows(make_study(n=3, seed=5))
+    base = rows[0]
+    assert base.role == "baseline" and base.speedup == pytest.approx(1.0)
+    assert base.params["max_num_seqs"] == DEFAULTS["max_num_seqs"]
+    assert base.params["kv_cache_dtype"] == DEFAULTS["cache_dtype"]  # engine attr calls it cache_dtype
+    assert base.gpu_util_pct is not None
+
+
+@pytest.mark.skipif(not H200_DB.is_file(), reason=f"{H200_DB} is not in this checkout")
+def test_show_the_real_h200_study(tmp_path):
+    db = tmp_path / "h200-llama2-7b.db"
+    shutil.copy(H200_DB, db)
+    rows = list_studies(storage_urls(None, tmp_path))
+    assert len(rows) == 1 and rows[0].counts == {"COMPLETE": 12, "PRUNED": 0, "FAIL": 5}
+    assert rows[0].best_trial == 13 and rows[0].speedup == pytest.approx(1.106, abs=1e-3)
+
+    study, url = open_study("h200-llama2-7b", None, tmp_path)
+    doc = show_doc(study, url)
+    assert doc["best"]["trial"] == 13 and doc["baseline"]["trial"] == 0
+    changes = {c["parameter"]: (c["baseline"], c["best"]) for c in doc["best_vs_baseline"]}
+    assert changes["kv_cache_dtype"] == ("auto", "fp8")
+    assert changes["max_num_seqs"] == (1024, 328)
+    text = format_show(doc)
+    assert "x1.106 over vLLM's defaults" in text
+    assert "Concurrent Partial Prefill is not supported" in text
+    assert "NVIDIA H200" in text and "max_num_seqs [64, 2048] log" in text
