@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,8 +44,11 @@ class Progress:
     stopped_for_skips: bool = False
     stopped_for_time: bool = False
     _bar: Any = None
+    _trial_walls: list[float] = field(default_factory=list)
+    _last_end: float = 0.0
 
     def __post_init__(self) -> None:
+        self._last_end = self.started
         if self.show_bar:
             from tqdm import tqdm
 
@@ -78,9 +82,12 @@ class Progress:
         if counted >= self.budget:
             study.stop()
         elif self.time_budget_s is not None:
-            # start another trial only if one of average length still fits in the time left
-            elapsed = time.time() - self.started
-            if elapsed + elapsed / self.launched > self.time_budget_s:
+            # start another trial only if one of median length still fits in the time left (the
+            # median, not the mean: a machine's first trial pays for cold compile caches)
+            now = time.time()
+            self._trial_walls.append(now - self._last_end)
+            self._last_end = now
+            if now - self.started + statistics.median(self._trial_walls) > self.time_budget_s:
                 self.stopped_for_time = True
                 _logger.info(
                     "time budget of %.0f s: stopping after %d trial(s); the same command resumes",

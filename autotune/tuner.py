@@ -24,6 +24,7 @@ from autotune.search_space import SearchSpace, build_space, load_space
 from autotune.storage import check_study_name, default_url, open_storage, redact
 from autotune.study import (
     BUDGET_ATTR,
+    DEFAULT_TRIALS,
     SETTINGS_ATTR,
     baseline_trial,
     budget,
@@ -40,7 +41,6 @@ from autotune.workload import WorkloadSpec, load_requests, parse_workload
 
 _logger = get_logger(__name__)
 DEFAULT_WORKLOAD = "synthetic:count=1000,input_len=256,output_len=256"
-DEFAULT_TRIALS = 30
 
 
 @dataclass(frozen=True)

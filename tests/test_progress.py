@@ -55,3 +55,29 @@ def test_time_budget_starts_no_trial_that_would_overrun():
     study.optimize(_objective, callbacks=[progress])
     assert progress.stopped_for_time
     assert 2 <= len(study.trials) <= 3  # ~0.2 s each: the 4th would end past 0.7 s
+
+
+def test_time_budget_is_not_spent_by_a_cold_first_trial(monkeypatch):
+    # a machine's first trial pays for cold caches (the H200's: 207 s, then ~87 s): the next
+    # trial's length is the median of those so far, not the mean
+    clock = [0.0]
+    monkeypatch.setattr("autotune.progress.time.time", lambda: clock[0])
+    walls = iter([200.0] + [90.0] * 20)
+
+    def objective(trial: optuna.Trial) -> float:
+        clock[0] += next(walls)
+        return trial.suggest_float("x", 0, 1)
+
+    progress = Progress(budget=100, objective="x", show_bar=False, time_budget_s=490, started=0.0)
+    _study().optimize(objective, callbacks=[progress])
+    assert progress.stopped_for_time
+    assert progress.launched == 4  # ends at 470 s; the mean (127 s after 3) stopped at 3
+
+
+def test_a_study_from_before_stored_budgets_gets_the_default():
+    from autotune.study import BUDGET_ATTR, DEFAULT_TRIALS, budget
+
+    study = _study()
+    assert budget(study) == DEFAULT_TRIALS  # not 0: "17 of 0 trials done" on the H200
+    study.set_user_attr(BUDGET_ATTR, 12)
+    assert budget(study) == 12
