@@ -47,9 +47,15 @@ class Objective:
         role = trial.user_attrs.get(ROLE_ATTR, "sampled")
         if role == "baseline":
             params: dict[str, Any] = {}
+        elif role == "enqueued":
+            # exactly what the user gave, vLLM's defaults for the rest: a hand-tuned config is
+            # measured as written; its searched keys are recorded as the trial's params
+            params = dict(trial.user_attrs.get(CONFIG_ATTR) or {})
+            for p in self.space.parameters:
+                if p.name in params:
+                    p.suggest(trial)
         else:
             params = self.space.suggest(trial)
-            params.update(trial.user_attrs.get(CONFIG_ATTR) or {})
         return {**self.space.fixed, **params}
 
     def __call__(self, trial: optuna.Trial) -> float:

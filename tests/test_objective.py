@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from autotune.config import StudySettings
+from autotune.objective import Objective
+from autotune.search_space import load_space
+from autotune.study import ROLE_ATTR, enqueue_config
+
+
+def test_an_enqueued_config_runs_as_written_with_defaults_for_the_rest(engine, tmp_path: Path):
+    space = load_space("throughput", engine, gpus=1)
+    names = {p.name for p in space.parameters}
+    seed = {"gpu_memory_utilization": 0.92, "block_size": 32, "max_num_seqs": 512, "enforce_eager": True}
+    assert set(seed) <= names and len(names) > len(seed)
+    study = optuna.create_study(direction="maximize")
+    enqueue_config(study, seed, names)
+    objective = Objective(
+        settings=StudySettings.__new__(StudySettings), space=space, study_dir=tmp_path, timeout_s=60
+    )
+    trial = study.ask()
+    assert trial.user_attrs[ROLE_ATTR] == "enqueued"
+    config = objective.config_for(trial)
+    assert config == {**space.fixed, **seed}  # nothing sampled beside the hand-tuned keys
+    assert trial.params == seed  # what the surrogate sees; the rest resolve to vLLM's defaults
+
+    # a sampled trial still gets every searched parameter
+    study.tell(trial, 1.0)
+    sampled = study.ask()
+    assert set(objective.config_for(sampled)) == set(space.fixed) | names
