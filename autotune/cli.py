@@ -105,10 +105,21 @@ def _parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _read_text(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise AutotuneError(
+            f"{flag} {path[:60]!r}: not a JSON object and not a readable file ({reason}); "
+            "give the config inline, e.g. '{\"max_num_seqs\": 256}', or a path to a JSON file"
+        ) from None
+
+
 def _parse_enqueue(items: list[str]) -> list[dict[str, Any]]:
     configs = []
     for item in items:
-        text = Path(item).read_text(encoding="utf-8") if Path(item).is_file() else item
+        text = item if item.lstrip().startswith("{") else _read_text(item, "--enqueue")
         try:
             cfg = json.loads(text)
         except json.JSONDecodeError as e:

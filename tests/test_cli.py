@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,15 @@ def test_export_of_missing_study(studies):
 def test_resume_of_missing_study_needs_model(studies):
     proc = autotune("run", "--study", "nope", "--studies-dir", str(studies), "--trials", "1")
     _assert_clean_error(proc, "does not exist yet; give --model")
+
+
+def test_enqueue_of_a_long_inline_config_is_parsed_not_taken_for_a_path(studies):
+    # 280 characters: longer than a file name may be (it used to crash in Path.is_file)
+    long_cfg = json.dumps({"max_num_seqs": 128, "comment": "x" * 260})
+    proc = autotune("run", "--study", "s", "--studies-dir", str(studies), "--enqueue", long_cfg)
+    _assert_clean_error(proc, "study 's'")  # got past --enqueue, stopped at the missing study
+
+
+def test_enqueue_of_a_missing_file(studies):
+    proc = autotune("run", "--study", "s", "--studies-dir", str(studies), "--enqueue", "seed.json")
+    _assert_clean_error(proc, "--enqueue 'seed.json'", "not a readable file", "No such file")
