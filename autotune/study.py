@@ -135,9 +135,7 @@ DEFAULT_TRIALS = 30
 
 def budget(study: optuna.Study) -> int:
     """The study's trial budget; a study written before budgets were stored gets the default."""
-    if BUDGET_ATTR in study.user_attrs:
-        return int(study.user_attrs[BUDGET_ATTR])
-    return DEFAULT_TRIALS
+    return int(study.user_attrs.get(BUDGET_ATTR, DEFAULT_TRIALS))
 
 
 def fail_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage) -> list[int]:
