@@ -57,8 +57,9 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--trials",
         type=_positive_int,
         default=None,
-        help=f"trials to add to the study's budget (a new study: {6 if demo else 30}, the first "
-        "being vLLM's defaults); without it a resume runs up to the budget",
+        help=f"the study's trial budget, shared by every worker (a new study: {6 if demo else 30}, "
+        "the first being vLLM's defaults); a larger N extends a study; without it a resume runs "
+        "up to the budget",
     )
     p.add_argument(
         "--trial-timeout",
@@ -137,6 +138,7 @@ def _parse_enqueue(items: list[str]) -> list[dict[str, Any]]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Create or resume a study and run ``--trials`` trials of it."""
+    from autotune.placement import parse_gpus
     from autotune.tuner import RunRequest, run_study
 
     request = RunRequest(
@@ -154,6 +156,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         time_budget_s=args.time_budget,
         show_bar=not args.no_bar and sys.stderr.isatty(),
+        gpus=parse_gpus(args.gpus) if args.gpus is not None else None,
+        gpus_per_trial=args.gpus_per_trial,
+        heartbeat_s=args.heartbeat,
     )
     summary = run_study(request)
     print(json.dumps(summary, indent=2))
@@ -269,7 +274,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
+def _interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM: every running trial stops (a second press: at once), then unwind."""
+    from autotune.runner import request_stop
+
+    request_stop()
     raise KeyboardInterrupt
 
 
@@ -291,6 +300,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _study_args(run)
     _run_args(run)
+    run.add_argument(
+        "--gpus",
+        metavar="IDS",
+        help="GPUs to use (nvidia-smi indices, e.g. 0,1,2,3 or 0-7); default: all visible",
+    )
+    run.add_argument(
+        "--gpus-per-trial",
+        type=_positive_int,
+        metavar="N",
+        help="GPUs of one trial (bounds tensor_parallel_size); the GPUs run len(gpus)/N trials "
+        "at a time (default: all of them, one trial at a time)",
+    )
+    run.add_argument(
+        "--heartbeat",
+        type=_positive_int,
+        default=30,
+        metavar="SEC",
+        help="seconds between a running trial's heartbeats in the storage; a trial silent for 4x "
+        "as long (its worker killed, its machine lost) is failed and its config run again",
+    )
     run.set_defaults(func=cmd_run)
 
     export = sub.add_parser("export", help="write the best config of a study as JSON")
@@ -342,9 +371,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure(logging.DEBUG if args.debug else logging.INFO)
     func: Callable[[argparse.Namespace], int] = args.func
-    # a scheduler's or `timeout`'s SIGTERM must take the running trial's process group down too:
-    # the trial runs in its own session, so only the unwinding in runner.run_trial kills it
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Ctrl-C, or a scheduler's or `timeout`'s SIGTERM, must take the running trials' process
+    # groups down too: each runs in its own session, so only runner.run_trial can kill it, and
+    # parallel trials wait in threads the signal never reaches
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         return func(args)
     except AutotuneError as e:
@@ -355,6 +386,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autotune: interrupted; finished trials are saved, the same command resumes", file=sys.stderr)
         return 130
+    except OSError as e:  # a disk that filled up, a directory that became read-only, ...
+        if args.debug:
+            _logger.exception("error")
+        where = f" {e.filename}" if e.filename else ""
+        print(
+            f"autotune: error: cannot write{where}: {e.strerror or e}; free space or fix permissions, "
+            "then run the same command again (finished trials are saved)",
+            file=sys.stderr,
+        )
+        return 2
+    except Exception as e:
+        if not type(e).__module__.startswith("sqlalchemy"):
+            raise
+        from autotune.storage import describe_db_error
+
+        if args.debug:
+            _logger.exception("error")
+        print(
+            f"autotune: error: the study database failed: {describe_db_error(e)} (finished trials "
+            "are saved: its writes are transactional); the same command resumes",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from autotune.search_space import Constraint
+from autotune.errors import SearchSpaceError
+from autotune.search_space import Constraint, SearchSpace
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<=": operator.le,
@@ -78,3 +79,33 @@ def violations(cfg: Mapping[str, Any], user: tuple[Constraint, ...] = (), *, gpu
         if not ok:
             out.append(f"{c.text()} (here {lhs!r} {c.op} {rhs!r})")
     return out
+
+
+def check_feasible(space: SearchSpace, *, gpus: int = 1, samples: int = 300, seed: int = 0) -> None:
+    """Fail early when the constraints rule out (nearly) the whole space.
+
+    Draws up to ``samples`` random configs and returns at the first one that breaks no rule.
+
+    Raises:
+        SearchSpaceError: every sampled config broke a rule; the message names the rules.
+    """
+    if not space.parameters:
+        return
+    import optuna
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    seen: dict[str, int] = {}
+    for _ in range(samples):
+        trial = study.ask()
+        reasons = violations({**space.fixed, **space.suggest(trial)}, space.constraints, gpus=gpus)
+        if not reasons:
+            return
+        for r in reasons:
+            rule = r.split(" (here ")[0]
+            seen[rule] = seen.get(rule, 0) + 1
+        study.tell(trial, 0.0)
+    worst = ", ".join(f"'{rule}' ({n}x)" for rule, n in sorted(seen.items(), key=lambda kv: -kv[1])[:3])
+    raise SearchSpaceError(
+        f"space {space.name}: constraints rule out all {samples} configs sampled from it, broken: "
+        f"{worst}; loosen the constraints or the parameter ranges"
+    )

@@ -33,3 +33,7 @@ class StudyError(AutotuneError):
 
 class EngineError(AutotuneError):
     """The installed vLLM cannot be found or described."""
+
+
+class PlacementError(AutotuneError):
+    """``--gpus`` / ``--gpus-per-trial`` don't describe a usable split of this machine's GPUs."""

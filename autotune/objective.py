@@ -7,6 +7,7 @@ learns to avoid the region); timeout or crash -> FAIL, with the error and the lo
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,15 +19,20 @@ from autotune.config import StudySettings
 from autotune.constraints import violations
 from autotune.errors import AutotuneError
 from autotune.outcome import Outcome
+from autotune.placement import Slot, SlotPool
 from autotune.runner import TrialSpec, run_trial, write_skipped
 from autotune.search_space import SearchSpace
-from autotune.study import CONFIG_ATTR, ROLE_ATTR
+from autotune.study import CONFIG_ATTR, ROLE_ATTR, over_budget
 
 _logger = get_logger(__name__)
 
 
 class TrialFailed(AutotuneError):
     """A trial crashed or timed out; the study records it as FAIL and goes on."""
+
+
+class OverBudget(TrialFailed):
+    """Another worker used the study's last trial first; this one is recorded, uncounted, unrun."""
 
 
 @dataclass
@@ -37,10 +43,10 @@ class Objective:
     space: SearchSpace
     study_dir: Path
     timeout_s: float
-    gpus: int = 1
-    device_ids: list[int] = field(default_factory=list)
+    pool: SlotPool = field(default_factory=lambda: SlotPool([Slot(0, ())]))
     requests_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    budget: int | None = None
 
     def config_for(self, trial: optuna.Trial) -> dict[str, Any]:
         """The engine args this trial runs with (the fixed ones included)."""
@@ -63,14 +69,33 @@ class Objective:
         trial_dir = self.study_dir / "trials" / str(trial.number)
         trial.set_user_attr("trial_dir", str(trial_dir))
         trial.set_user_attr("engine_kwargs", {"model": self.settings.model, **config})
-        reasons = violations(config, self.space.constraints, gpus=self.gpus)
+        reasons = violations(config, self.space.constraints, gpus=self.pool.gpus_per_trial)
         if reasons:
             write_skipped(trial_dir, config, reasons)
             trial.set_user_attr("outcome", Outcome.INVALID.value)
             trial.set_user_attr("error_type", "constraint")
             trial.set_user_attr("error", "; ".join(reasons))
             raise optuna.TrialPruned("constraint: " + "; ".join(reasons))
+        if self.budget is not None and over_budget(trial.study, trial, self.budget):
+            self._give_back(trial)
+        with self.pool.take() as slot:
+            return self._run(trial, config, trial_dir, slot)
 
+    def _give_back(self, trial: optuna.Trial) -> None:
+        """Record ``trial`` as over the budget, put a queued config back in the queue, stop."""
+        trial.set_user_attr("outcome", "over_budget")
+        trial.set_user_attr("error_type", "over_budget")
+        trial.set_user_attr("error", "the study's budget was used up by other workers first")
+        if ROLE_ATTR in trial.user_attrs:  # it came from the queue (baseline, enqueued, retry)
+            attrs = {k: v for k, v in trial.user_attrs.items() if k.startswith("autotune_")}
+            trial.study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
+        with contextlib.suppress(RuntimeError):  # RuntimeError: not inside study.optimize
+            trial.study.stop()
+        raise OverBudget(f"trial #{trial.number} started after the budget of {self.budget} was used up")
+
+    def _run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
+        if slot.device_ids:
+            trial.set_user_attr("gpus", list(slot.device_ids))
         spec = TrialSpec(
             trial_dir=trial_dir,
             engine_kwargs={"model": self.settings.model, **config},
@@ -79,8 +104,8 @@ class Objective:
             sampling=self.settings.sampling,
             warmup_requests=self.settings.warmup_requests,
             timeout_s=self.timeout_s,
-            env=self.env,
-            device_ids=self.device_ids,
+            env={**self.env, **slot.env},
+            device_ids=list(slot.device_ids),
         )
         try:
             result = run_trial(spec)

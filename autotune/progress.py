@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ class Progress:
     counted_at_start: int = 0
     show_bar: bool = True
     time_budget_s: float | None = None
+    parallel: int = 1
     max_consecutive_skips: int = 50
     launched: int = 0
     consecutive_skips: int = 0
@@ -46,6 +48,7 @@ class Progress:
     _bar: Any = None
     _trial_walls: list[float] = field(default_factory=list)
     _last_end: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self._last_end = self.started
@@ -65,6 +68,13 @@ class Progress:
             self._bar.close()
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        with self._lock:  # parallel trials (one per GPU slot) end in their own threads
+            self._after(study, trial)
+
+    def _after(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.user_attrs.get("error_type") == "over_budget":
+            _logger.debug("trial #%d not run: %s", trial.number, trial.user_attrs.get("error"))
+            return
         skipped = trial.user_attrs.get("error_type") == "constraint"
         if skipped:
             self.consecutive_skips += 1
@@ -83,11 +93,13 @@ class Progress:
             study.stop()
         elif self.time_budget_s is not None:
             # start another trial only if one of median length still fits in the time left (the
-            # median, not the mean: a machine's first trial pays for cold compile caches)
+            # median, not the mean: a machine's first trial pays for cold compile caches); with
+            # parallel slots trials end `parallel` times as often as one lasts
             now = time.time()
             self._trial_walls.append(now - self._last_end)
             self._last_end = now
-            if now - self.started + statistics.median(self._trial_walls) > self.time_budget_s:
+            length = statistics.median(self._trial_walls) * self.parallel
+            if now - self.started + length > self.time_budget_s:
                 self.stopped_for_time = True
                 _logger.info(
                     "time budget of %.0f s: stopping after %d trial(s); the same command resumes",

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +27,50 @@ from autotune.telemetry import GpuSampler, wait_for_idle_gpus
 _logger = get_logger(__name__)
 _TAIL_BYTES = 64 * 1024
 _KILL_GRACE_S = 10.0
+_POLL_S = 0.2
+
+
+class _StopRequests:
+    """Ctrl-C / SIGTERM presses, seen by every thread that waits on a trial: the signal itself
+    reaches only the main thread, and parallel trials (one per GPU slot) wait in others."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def press(self) -> None:
+        with self._lock:
+            self.count += 1
+
+    def reset(self) -> None:
+        with self._lock:
+            self.count = 0
+
+
+stop_requests = _StopRequests()
+
+
+def request_stop() -> None:
+    """Ask every running trial to stop: the first call terminates them (SIGTERM, a grace period,
+    SIGKILL), a second one kills them at once. Safe from a signal handler."""
+    stop_requests.press()
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout_s: float, *, stop_at: int) -> None:
+    """``proc.wait(timeout_s)`` that also ends with KeyboardInterrupt once ``stop_at`` presses
+    were made, in whichever thread it runs."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if stop_requests.count >= stop_at:
+            raise KeyboardInterrupt
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        try:
+            proc.wait(timeout=min(_POLL_S, left))
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 @dataclass(frozen=True)
@@ -100,7 +145,7 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
     _kill_group(pgid, signal.SIGTERM)
     try:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=_KILL_GRACE_S)
+            _wait(proc, _KILL_GRACE_S, stop_at=2)
     finally:  # a second Ctrl-C during the grace period: kill now, then let it propagate
         _kill_group(pgid, signal.SIGKILL)
         proc.wait()
@@ -116,6 +161,8 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", "AUTOTUNE_PARENT_PID": str(os.getpid())}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     wait_for_idle_gpus(spec.device_ids)
+    if stop_requests.count:  # Ctrl-C while this thread was between trials: start nothing
+        raise KeyboardInterrupt
     sampler = GpuSampler(spec.device_ids).start()
     started = time.time()
     timed_out = False
@@ -129,7 +176,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
             start_new_session=True,  # its own session and process group: killed as one
         )
         try:
-            proc.wait(timeout=spec.timeout_s)
+            _wait(proc, spec.timeout_s, stop_at=1)
         except subprocess.TimeoutExpired:
             timed_out = True
             _logger.warning("trial ran past its %.0f s timeout; killing its process group", spec.timeout_s)

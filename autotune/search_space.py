@@ -227,8 +227,13 @@ def build_space(
         else:
             params.append(p)
 
+    constraints_raw = raw.get("constraints") or []
+    if not isinstance(constraints_raw, list):
+        raise SearchSpaceError(
+            f"{source}: 'constraints' must be a list like [max_num_batched_tokens >= max_num_seqs]"
+        )
     constraints = []
-    for i, c in enumerate(raw.get("constraints") or []):
+    for i, c in enumerate(constraints_raw):
         constraints.append(_constraint(c, f"{source}: constraints[{i}]", engine))
     return SearchSpace(name, tuple(params), fixed, tuple(constraints), tuple(dropped))
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import StorageError
 
@@ -13,6 +16,11 @@ if TYPE_CHECKING:
     import optuna
 
 _SCHEMES = ("sqlite", "postgresql", "mysql")
+#: the pip package behind each scheme's default SQLAlchemy driver, for the "not installed" hint
+_DRIVERS = {"postgresql": "psycopg (pip install 'vllm-autotune[postgres]')", "mysql": "pymysql"}
+DEFAULT_HEARTBEAT_S = 30
+#: a running trial whose worker missed this many heartbeats is presumed dead
+GRACE_HEARTBEATS = 4
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -40,15 +48,39 @@ def redact(url: str) -> str:
         return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """Open an Optuna RDB storage, with heartbeats so a killed worker's trial is failed later.
+def describe_db_error(error: BaseException) -> str:
+    """The first line of a database error, with what to do about the common ones."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    low = first.lower()
+    if "locked" in low:
+        return f"{first}; another process holds the SQLite database: close it, or wait and retry"
+    if any(k in low for k in ("disk i/o", "disk is full", "readonly", "read-only", "unable to open")):
+        return (
+            f"{first}; is the disk full or the directory read-only? Free space, or use another --studies-dir"
+        )
+    return first
+
+
+def open_storage(
+    url: str,
+    *,
+    heartbeat_s: int = DEFAULT_HEARTBEAT_S,
+    on_stale: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None,
+) -> optuna.storages.BaseStorage:
+    """Open an Optuna RDB storage, with heartbeats so a dead worker's trial is failed later.
+
+    Args:
+        url: SQLAlchemy URL (``sqlite:///...``, ``postgresql://user:pw@host/db``, ...).
+        heartbeat_s: seconds between a running trial's heartbeats; a trial silent for
+            ``GRACE_HEARTBEATS`` times as long is failed by the next worker that starts a trial.
+        on_stale: called with each trial failed that way (e.g. to queue its config again).
 
     Raises:
         StorageError: the URL is malformed, of an unsupported scheme, or unreachable.
     """
     import optuna
     from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+    from sqlalchemy.exc import ArgumentError, IntegrityError, ProgrammingError, SQLAlchemyError
 
     try:
         parsed = make_url(url)
@@ -62,21 +94,45 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         raise StorageError(
             f"--storage {redact(url)!r}: unsupported scheme {scheme!r}; use one of {', '.join(_SCHEMES)}"
         )
+    driver_url = url
+    if parsed.drivername == "postgresql" and importlib.util.find_spec("psycopg") is not None:
+        # the [postgres] extra installs psycopg 3, SQLAlchemy before 2.1 defaults to psycopg2
+        driver_url = parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     if scheme == "sqlite" and parsed.database and parsed.database != ":memory:":
         db = Path(parsed.database)
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StorageError(f"--storage: cannot create {db.parent} for the SQLite file: {e}") from None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
-                url,
-                heartbeat_interval=30,
-                grace_period=120,
-                engine_kwargs={"connect_args": {"timeout": 30}} if scheme == "sqlite" else {},
-            )
-    except (SQLAlchemyError, ImportError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise StorageError(f"--storage {redact(url)!r}: cannot open the study database: {first}") from None
+    engine_kwargs: dict[str, Any] = (
+        {"connect_args": {"timeout": 30}}
+        if scheme == "sqlite"
+        # a server may drop idle connections during an hour-long trial
+        else {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+    )
+    for attempt in range(1, 6):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    driver_url,
+                    heartbeat_interval=heartbeat_s,
+                    grace_period=GRACE_HEARTBEATS * heartbeat_s,
+                    heartbeat_stale_trial_callback=on_stale,
+                    engine_kwargs=engine_kwargs,
+                )
+        except ImportError as e:
+            raise StorageError(
+                f"--storage {redact(url)!r}: the {scheme} driver is not installed ({e}); install "
+                f"{_DRIVERS.get(scheme, 'its SQLAlchemy driver')}"
+            ) from None
+        except (IntegrityError, ProgrammingError) as e:
+            # workers starting together on a new database all create Optuna's tables: one wins
+            error: Exception = e
+            time.sleep(0.5 * attempt)
+        except (SQLAlchemyError, ValueError) as e:
+            error = e
+            break
+    raise StorageError(
+        f"--storage {redact(url)!r}: cannot open the study database: {describe_db_error(error)}"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any
 
@@ -16,18 +17,23 @@ SETTINGS_ATTR = "autotune"
 ROLE_ATTR = "autotune_role"
 BUDGET_ATTR = "autotune_budget"
 RETRY_ATTR = "autotune_retry_of"
-#: error types of trials that did not use up the budget (never launched, or cut off by the user)
-UNCOUNTED = ("constraint", "interrupted")
+RETRY_REASON_ATTR = "autotune_retry_reason"
+#: error types of trials that did not use up the budget: never launched (a constraint, or started
+#: by a worker after the budget was used up elsewhere), or cut off by the user
+UNCOUNTED = ("constraint", "interrupted", "over_budget")
 CONFIG_ATTR = "autotune_config"
 
 
-def make_sampler(seed: int, n_existing: int, n_startup_trials: int = 8) -> optuna.samplers.BaseSampler:
+def make_sampler(
+    seed: int, n_existing: int, n_startup_trials: int = 8, *, worker: int = 0
+) -> optuna.samplers.BaseSampler:
     """Multivariate TPE, seeded. The seed moves on with the study's length, so a resumed study
-    does not replay the random start-up configs it already tried."""
+    does not replay the random start-up configs it already tried, and with ``worker``, so two
+    workers joining a shared study at the same length don't propose the same configs."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(
-            seed=seed + n_existing,
+            seed=(seed + n_existing + 1_000_003 * worker) % 2**32,
             multivariate=True,
             # the baseline trial has no params; grouping keeps it from emptying the joint space
             group=True,
@@ -58,8 +64,12 @@ def create_or_resume(
     settings: StudySettings | None,
     *,
     n_startup_trials: int = 8,
+    worker: int = 0,
 ) -> tuple[optuna.Study, StudySettings, bool]:
     """Open study ``name``; create it with ``settings`` when it doesn't exist.
+
+    ``worker`` tells the sampler seeds of parallel workers apart (0 for a study only one process
+    runs, e.g. SQLite's).
 
     Returns:
         ``(study, settings, created)``; on resume the stored settings win, and ``settings`` (from
@@ -73,21 +83,36 @@ def create_or_resume(
         stored = stored_settings(existing)
         if settings is not None:
             _check_compatible(name, stored, settings)
-        sampler = make_sampler(stored.seed, len(existing.trials), n_startup_trials)
+        sampler = make_sampler(stored.seed, len(existing.trials), n_startup_trials, worker=worker)
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
         return study, stored, False
     if settings is None:
         raise StudyError(f"study {name!r} does not exist yet; give --model to create it")
-    study = optuna.create_study(
-        study_name=name,
-        storage=storage,
-        direction="maximize",
-        sampler=make_sampler(settings.seed, 0, n_startup_trials),
-    )
+    try:
+        study = optuna.create_study(
+            study_name=name,
+            storage=storage,
+            direction="maximize",
+            sampler=make_sampler(settings.seed, 0, n_startup_trials, worker=worker),
+        )
+    except optuna.exceptions.DuplicatedStudyError:
+        # another worker created it a moment ago: join it once its settings are stored
+        _wait_for_settings(name, storage)
+        return create_or_resume(name, storage, settings, n_startup_trials=n_startup_trials, worker=worker)
     study.set_user_attr(SETTINGS_ATTR, settings.to_dict())
     # trial 0: vLLM's defaults under the fixed args, the reference every speedup is measured from
     study.enqueue_trial({}, user_attrs={ROLE_ATTR: "baseline"})
     return study, settings, True
+
+
+def _wait_for_settings(name: str, storage: optuna.storages.BaseStorage, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        study = load_existing(name, storage)
+        if study is not None and SETTINGS_ATTR in study.user_attrs:
+            return
+        time.sleep(0.5)
+    raise StudyError(f"study {name!r} was created by another process that stored no settings")
 
 
 def _check_compatible(name: str, stored: StudySettings, given: StudySettings) -> None:
@@ -121,13 +146,38 @@ def baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     return None
 
 
+def _counted(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    retried = {t.user_attrs.get(RETRY_ATTR) for t in trials}
+    return [
+        t
+        for t in trials
+        if t.state != optuna.trial.TrialState.WAITING
+        and t.user_attrs.get("error_type") not in UNCOUNTED
+        and t.number not in retried  # cut off (its worker died) and run again: the retry counts
+    ]
+
+
 def counted_trials(study: optuna.Study) -> int:
     """Trials that used up the study's budget: launched, finished or still running anywhere."""
-    return sum(
-        1
-        for t in study.get_trials(deepcopy=False)
-        if t.state != optuna.trial.TrialState.WAITING and t.user_attrs.get("error_type") not in UNCOUNTED
-    )
+    return len(_counted(study.get_trials(deepcopy=False)))
+
+
+def over_budget(study: optuna.Study, trial: optuna.Trial, total: int) -> bool:
+    """Whether ``trial`` (just started) is beyond the study's budget of ``total``.
+
+    Parallel workers check the budget after each trial, so two of them may start a trial at the
+    same moment when one slot is left. Trials are ranked by when they started (ties by number),
+    and only the first ``total`` of them run: the count holds however many workers join.
+    """
+    counted = _counted(study.get_trials(deepcopy=False))
+    mine = next((t for t in counted if t.number == trial.number), None)
+    if mine is None or mine.datetime_start is None:
+        return False
+
+    def key(t: optuna.trial.FrozenTrial) -> tuple[float, int]:
+        return (t.datetime_start.timestamp() if t.datetime_start else float("inf"), t.number)
+
+    return sum(1 for t in counted if key(t) < key(mine)) >= total
 
 
 DEFAULT_TRIALS = 30
@@ -151,6 +201,25 @@ def fail_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage) 
     return numbers
 
 
+def _retry_attrs(t: optuna.trial.FrozenTrial, reason: str) -> dict[str, Any]:
+    attrs = {
+        RETRY_ATTR: t.number,
+        ROLE_ATTR: t.user_attrs.get(ROLE_ATTR, "sampled"),
+        RETRY_REASON_ATTR: reason,
+    }
+    if CONFIG_ATTR in t.user_attrs:
+        attrs[CONFIG_ATTR] = t.user_attrs[CONFIG_ATTR]
+    return attrs
+
+
+def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Heartbeat callback: ``trial``'s worker stopped beating (killed, or its machine lost) and
+    Optuna failed the trial; queue its config again, so the study still measures it."""
+    reason = "its worker stopped sending heartbeats (killed, or its machine was lost)"
+    _logger.warning("trial #%d: %s; marked failed, its config runs again", trial.number, reason)
+    study.enqueue_trial(dict(trial.params), user_attrs=_retry_attrs(trial, reason))
+
+
 def requeue_interrupted(study: optuna.Study) -> list[int]:
     """Queue again every config whose trial was interrupted and not yet retried."""
     trials = study.get_trials(deepcopy=False)
@@ -159,9 +228,6 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
     for t in trials:
         if t.user_attrs.get("error_type") != "interrupted" or t.number in retried:
             continue
-        attrs = {RETRY_ATTR: t.number, ROLE_ATTR: t.user_attrs.get(ROLE_ATTR, "sampled")}
-        if CONFIG_ATTR in t.user_attrs:
-            attrs[CONFIG_ATTR] = t.user_attrs[CONFIG_ATTR]
-        study.enqueue_trial(dict(t.params), user_attrs=attrs)
+        study.enqueue_trial(dict(t.params), user_attrs=_retry_attrs(t, "interrupted"))
         done.append(t.number)
     return done

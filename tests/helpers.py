@@ -18,3 +18,16 @@ def autotune(*args: str, cwd: Path | None = None, timeout: float = 900) -> subpr
         env=env,
         check=False,
     )
+
+
+def worker_pid(trial_dir: Path) -> int:
+    """PID (= process group) of the live ``autotune.worker`` running ``trial_dir``'s spec."""
+    spec = str(trial_dir / "spec.json").encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"autotune.worker" in cmd and spec in cmd:
+            return int(entry.name)
+    raise AssertionError(f"no worker process for {trial_dir}")

@@ -22,6 +22,11 @@ def studies(tmp_path: Path) -> Path:
     return tmp_path / "studies"
 
 
+def _run_new(studies: Path, model: Path, *extra: str):
+    """``autotune run`` of a new study ``s`` of ``model`` in ``studies``."""
+    return autotune("run", "--model", str(model), "--study", "s", "--studies-dir", str(studies), *extra)
+
+
 def test_missing_model_path(studies):
     proc = autotune("run", "--model", "/no/such/model", "--study", "s", "--studies-dir", str(studies))
     _assert_clean_error(proc, "--model /no/such/model", "no such directory")
@@ -31,34 +36,14 @@ def test_missing_model_path(studies):
 def test_unknown_engine_arg(tmp_path, studies, tiny_model):
     space = tmp_path / "s.yaml"
     space.write_text("parameters:\n  swap_space: {type: int, low: 1, high: 8}\n")
-    proc = autotune(
-        "run",
-        "--model",
-        str(tiny_model),
-        "--study",
-        "s",
-        "--studies-dir",
-        str(studies),
-        "--space",
-        str(space),
-    )
+    proc = _run_new(studies, tiny_model, "--space", str(space))
     _assert_clean_error(proc, "parameters.swap_space", "not an engine argument")
 
 
 def test_malformed_yaml(tmp_path, studies, tiny_model):
     space = tmp_path / "s.yaml"
     space.write_text("parameters: [unclosed\n")
-    proc = autotune(
-        "run",
-        "--model",
-        str(tiny_model),
-        "--study",
-        "s",
-        "--studies-dir",
-        str(studies),
-        "--space",
-        str(space),
-    )
+    proc = _run_new(studies, tiny_model, "--space", str(space))
     _assert_clean_error(proc, "malformed YAML at line")
 
 
@@ -115,3 +100,28 @@ def test_enqueue_of_a_long_inline_config_is_parsed_not_taken_for_a_path(studies)
 def test_enqueue_of_a_missing_file(studies):
     proc = autotune("run", "--study", "s", "--studies-dir", str(studies), "--enqueue", "seed.json")
     _assert_clean_error(proc, "--enqueue 'seed.json'", "not a readable file", "No such file")
+
+
+def test_constraints_that_rule_out_the_whole_space(tmp_path, studies, tiny_model):
+    space = tmp_path / "s.yaml"
+    space.write_text(
+        "parameters:\n  max_num_seqs: {type: int, low: 1, high: 256}\nconstraints:\n  - max_num_seqs > 1000\n"
+    )
+    proc = _run_new(studies, tiny_model, "--space", str(space))
+    _assert_clean_error(proc, "constraints rule out all 300 configs", "'max_num_seqs > 1000'", "loosen")
+    assert not studies.exists()  # nothing written, not even the studies directory
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--gpus", "0,1"], "runs on the CPU"),
+        (["--gpus", "0,zero"], "'zero' is not a GPU index"),
+        (["--gpus-per-trial", "0"], "must be at least 1"),
+        (["--heartbeat", "-5"], "must be at least 1"),
+    ],
+)
+def test_bad_gpu_and_heartbeat_flags(studies, tiny_model, flags, needle):
+    proc = _run_new(studies, tiny_model, *flags)
+    _assert_clean_error(proc, needle)
+    assert not studies.exists()

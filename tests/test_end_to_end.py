@@ -62,8 +62,8 @@ def test_run_prune_resume_export(tmp_path: Path, tiny_model: Path):
         assert {"spec.json", "stdout.log", "stderr.log", "result.json"} <= {p.name for p in tdir.iterdir()}
         assert json.loads((tdir / "result.json").read_text())["outcome"] == t.user_attrs["outcome"]
 
-    # same study name: resumes and adds trials, without a new baseline
-    second = autotune("run", "--trials", "2", *common)
+    # same study name, a larger budget: resumes to it, without a new baseline
+    second = autotune("run", "--trials", "5", *common)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming study 'e2e'" in second.stderr
     trials = _study(studies, "e2e").get_trials()

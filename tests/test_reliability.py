@@ -15,7 +15,7 @@ import pytest
 
 from autotune.runner import group_members
 from autotune.study import counted_trials
-from tests.helpers import autotune
+from tests.helpers import autotune, worker_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 WORKLOAD = "synthetic:count=16,input_len=32,output_len=16"
@@ -53,18 +53,6 @@ def _wait_for_engine_start(trial_dir: Path, timeout_s: float = 120) -> None:
     raise AssertionError(f"trial in {trial_dir} never reached engine start")
 
 
-def _worker_pid(trial_dir: Path) -> int:
-    spec = str(trial_dir / "spec.json")
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"autotune.worker" in cmd and spec.encode() in cmd:
-            return int(entry.name)
-    raise AssertionError("no worker process found")
-
-
 def _gone(pgid: int, timeout_s: float = 20) -> bool:
     deadline = time.monotonic() + timeout_s
     while group_members(pgid):
@@ -83,7 +71,7 @@ def test_sigkill_mid_trial_then_resume_to_the_budget(tmp_path: Path, tiny_model:
     tuner = _start(tiny_model, studies, "--trials", "2")
     trial0 = studies / "s" / "trials" / "0"
     _wait_for_engine_start(trial0)
-    pgid = _worker_pid(trial0)
+    pgid = worker_pid(trial0)
     os.kill(tuner.pid, signal.SIGKILL)
     tuner.wait()
     # the worker notices its tuner is gone and takes its engine processes down with it
@@ -110,7 +98,7 @@ def test_second_run_refused_and_sigint_aborts_cleanly(tmp_path: Path, tiny_model
     tuner = _start(tiny_model, studies, "--trials", "3")
     trial0 = studies / "s" / "trials" / "0"
     _wait_for_engine_start(trial0)
-    pgid = _worker_pid(trial0)
+    pgid = worker_pid(trial0)
 
     second = autotune("run", "--study", "s", "--studies-dir", str(studies), "--trials", "1")
     assert second.returncode == 2

@@ -9,13 +9,14 @@ import pytest
 
 from autotune.outcome import Outcome
 from autotune.runner import TrialSpec, group_members, run_trial
+from tests.helpers import worker_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_timeout_kills_the_process_group(tmp_path: Path, tiny_model: Path):
-    # ~5 M output tokens: generate runs for minutes, far past the timeout
-    spec = TrialSpec(
+def _endless_spec(tmp_path: Path, tiny_model: Path, *, timeout_s: float) -> TrialSpec:
+    """A real trial whose generate runs for minutes (~5 M output tokens), far past any test."""
+    return TrialSpec(
         trial_dir=tmp_path / "trial",
         engine_kwargs={
             "model": str(tiny_model),
@@ -32,8 +33,12 @@ def test_timeout_kills_the_process_group(tmp_path: Path, tiny_model: Path):
             "seed": 0,
             "path": None,
         },
-        timeout_s=60,
+        timeout_s=timeout_s,
     )
+
+
+def test_timeout_kills_the_process_group(tmp_path: Path, tiny_model: Path):
+    spec = _endless_spec(tmp_path, tiny_model, timeout_s=60)
     result = run_trial(spec)
     assert result.outcome is Outcome.TIMEOUT
     assert result.error_type == "timeout"
@@ -42,3 +47,42 @@ def test_timeout_kills_the_process_group(tmp_path: Path, tiny_model: Path):
     assert doc["outcome"] == "timeout"
     assert group_members(doc["pid"]) == []  # worker and engine-core children are all gone
     assert (spec.trial_dir / "stderr.log").stat().st_size > 0
+
+
+def test_a_stop_request_ends_a_trial_waiting_in_another_thread(tmp_path: Path, tiny_model: Path):
+    """Parallel trials wait in Optuna's threads, which Ctrl-C never reaches: request_stop()
+    (called by the signal handler) must end them, their process groups included."""
+    import threading
+    import time
+
+    from autotune.runner import request_stop, stop_requests
+
+    spec = _endless_spec(tmp_path, tiny_model, timeout_s=600)
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run_trial(spec)
+        except BaseException as e:
+            raised.append(e)
+
+    stop_requests.reset()
+    thread = threading.Thread(target=target)
+    thread.start()
+    log = spec.trial_dir / "stdout.log"
+    deadline = time.monotonic() + 180
+    while not (log.is_file() and '"phase": "generate"' in log.read_text(errors="replace")):
+        assert time.monotonic() < deadline and thread.is_alive(), (
+            f"the trial never reached generate: {raised}"
+        )
+        time.sleep(0.2)
+    pgid = worker_pid(spec.trial_dir)
+    asked = time.monotonic()
+    try:
+        request_stop()
+        thread.join(timeout=30)
+    finally:
+        stop_requests.reset()
+    assert not thread.is_alive() and isinstance(raised[0], KeyboardInterrupt)
+    assert time.monotonic() - asked < 20  # SIGTERM, at most the grace period, then SIGKILL
+    assert group_members(pgid) == []  # the worker and its engine-core children are gone

@@ -1,0 +1,103 @@
+"""The study's budget is global: counted in storage, exact when workers race, whole after a worker dies."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.config import StudySettings
+from autotune.objective import Objective, OverBudget
+from autotune.outcome import Outcome, TrialResult
+from autotune.search_space import build_space
+from autotune.storage import open_storage
+from autotune.study import RETRY_ATTR, ROLE_ATTR, counted_trials, over_budget, retry_stale
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used"),
+    pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
+]
+
+
+def _study(tmp_path: Path, **kw) -> optuna.Study:
+    storage = open_storage(f"sqlite:///{tmp_path / 's.db'}", **kw)
+    return optuna.create_study(study_name="s", storage=storage, direction="maximize")
+
+
+def test_only_the_first_trials_to_start_are_within_the_budget(tmp_path: Path):
+    study = _study(tmp_path)
+    first, second, third = study.ask(), study.ask(), study.ask()  # three workers at once
+    assert not over_budget(study, first, 2) and not over_budget(study, second, 2)
+    assert over_budget(study, third, 2)
+    # a trial cut off (and so uncounted) gives its place back
+    first.set_user_attr("error_type", "interrupted")
+    study.tell(first, state=optuna.trial.TrialState.FAIL)
+    assert counted_trials(study) == 2 and not over_budget(study, third, 2)
+
+
+def test_a_queued_trial_is_ranked_by_when_it_started_not_by_its_number(tmp_path: Path):
+    study = _study(tmp_path)
+    study.enqueue_trial({}, user_attrs={ROLE_ATTR: "baseline"})  # number 0, waits
+    study.enqueue_trial({}, user_attrs={ROLE_ATTR: "enqueued"})  # number 1, waits
+    a = study.ask()  # pops #0
+    b = study.ask()  # pops #1
+    late = study.ask()
+    assert (a.number, b.number, late.number) == (0, 1, 2)
+    assert over_budget(study, late, 2) and not over_budget(study, b, 2)
+
+
+def test_a_stale_trial_is_failed_and_its_config_queued_once(tmp_path: Path):
+    study = _study(tmp_path, heartbeat_s=1, on_stale=retry_stale)
+    dead = study.ask({"max_num_seqs": optuna.distributions.IntDistribution(1, 256)})
+    dead.set_user_attr(ROLE_ATTR, "sampled")
+    study._storage.record_heartbeat(dead._trial_id)  # its worker beat once, then died
+    time.sleep(5.5)  # grace 4 s; SQLite clocks count whole seconds
+    optuna.storages.fail_stale_trials(study)
+    optuna.storages.fail_stale_trials(study)  # a second worker checking too: no second retry
+    trials = study.get_trials()
+    assert trials[0].state == optuna.trial.TrialState.FAIL
+    (retry,) = [t for t in trials if t.state == optuna.trial.TrialState.WAITING]
+    assert retry.user_attrs[RETRY_ATTR] == dead.number and retry.user_attrs[ROLE_ATTR] == "sampled"
+    assert counted_trials(study) == 0  # the dead trial doesn't use the budget; its retry will
+    popped = study.ask()
+    assert popped.number == retry.number
+    assert popped.suggest_int("max_num_seqs", 1, 256) == dead.params["max_num_seqs"]
+    assert counted_trials(study) == 1
+
+
+def test_a_worker_that_starts_past_the_budget_runs_nothing_and_keeps_the_queue(
+    engine, tmp_path: Path, monkeypatch
+):
+    launched: list[int] = []
+    monkeypatch.setattr(
+        "autotune.objective.run_trial",
+        lambda spec: launched.append(1) or TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": 1.0}),
+    )
+    space = build_space(
+        {"name": "t", "parameters": {"max_num_seqs": {"type": "int", "low": 1, "high": 256}}},
+        engine,
+        source="test",
+    )
+    objective = Objective(
+        settings=StudySettings(model="m", workload={"kind": "synthetic"}, space={}),
+        space=space,
+        study_dir=tmp_path,
+        timeout_s=60,
+        budget=1,
+    )
+    study = _study(tmp_path)
+    other = study.ask()  # another worker's trial, running: the budget's one slot
+    study.enqueue_trial(
+        {"max_num_seqs": 7}, user_attrs={ROLE_ATTR: "enqueued", "autotune_config": {"max_num_seqs": 7}}
+    )
+    study.optimize(objective, n_trials=5, catch=(OverBudget,))  # stops after its first trial
+    assert not launched
+    mine = study.trials[1]
+    assert mine.state == optuna.trial.TrialState.FAIL and mine.user_attrs["error_type"] == "over_budget"
+    assert len(study.trials) == 3
+    (queued,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert queued.system_attrs["fixed_params"] == {"max_num_seqs": 7}
+    assert queued.user_attrs[ROLE_ATTR] == "enqueued"
+    assert counted_trials(study) == 1 and other.number == 0

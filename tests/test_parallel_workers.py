@@ -1,0 +1,100 @@
+"""Several workers on one PostgreSQL study, for real: a real server (a throwaway one, see the
+``postgres_url`` fixture), real trials on the CPU vLLM engine with the tiny Llama, a worker
+killed with SIGKILL mid-trial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.runner import group_members
+from autotune.study import RETRY_ATTR, UNCOUNTED, counted_trials
+from tests.helpers import worker_pid
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+WORKLOAD = "synthetic:count=16,input_len=32,output_len=16"
+BUDGET = 5
+
+
+def _worker(url: str, study: str, model: Path, studies: Path) -> subprocess.Popen[str]:
+    """One `autotune run`, as each machine of a cluster would start it (its own studies dir)."""
+    cmd = [sys.executable, "-m", "autotune", "run", "--model", str(model), "--study", study]
+    cmd += ["--storage", url, "--studies-dir", str(studies), "--space", "cpu", "--workload", WORKLOAD]
+    cmd += ["--trials", str(BUDGET), "--heartbeat", "1", "--no-bar", "--trial-timeout", "300"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _running_trial_dir(studies: Path, timeout_s: float = 240) -> Path:
+    """The first trial of this worker that reached engine start."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for log in sorted(studies.glob("*/trials/*/stdout.log")):
+            if '"phase": "engine_start"' in log.read_text(errors="replace"):
+                return log.parent
+        time.sleep(0.2)
+    raise AssertionError(f"no trial of {studies} reached engine start")
+
+
+def test_two_workers_share_the_budget_and_a_killed_one_loses_nothing(
+    postgres_url: str, tiny_model: Path, tmp_path: Path
+):
+    name = f"par-{uuid.uuid4().hex[:8]}"
+    dir_a, dir_b = tmp_path / "a", tmp_path / "b"
+    a = _worker(postgres_url, name, tiny_model, dir_a)  # started together: both try to create it
+    b = _worker(postgres_url, name, tiny_model, dir_b)
+    try:
+        killed_dir = _running_trial_dir(dir_a)
+        pgid = worker_pid(killed_dir)
+        os.kill(a.pid, signal.SIGKILL)
+        a.communicate(timeout=30)
+        _, err_b = b.communicate(timeout=900)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+    assert b.returncode == 0, err_b[-4000:]
+    # the trial process of the killed worker noticed and took its engine down with it
+    deadline = time.monotonic() + 30
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not group_members(pgid), "orphaned trial processes of the killed worker"
+
+    study = optuna.load_study(study_name=name, storage=postgres_url)
+    trials = study.get_trials()
+    killed = next(t for t in trials if t.number == int(killed_dir.name))
+    assert killed.state == optuna.trial.TrialState.FAIL  # not RUNNING forever
+    retry = [t for t in trials if t.user_attrs.get(RETRY_ATTR) == killed.number]
+    assert len(retry) == 1 and retry[0].state != optuna.trial.TrialState.WAITING  # its config ran again
+    assert "heartbeats" in retry[0].user_attrs["autotune_retry_reason"]
+    assert retry[0].params == killed.params
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+    # the budget is global: exactly BUDGET trials used it, whichever worker ran them
+    assert counted_trials(study) == BUDGET
+    assert "waiting for trial" in err_b or "trial #" in err_b
+    ran_by = {}
+    for d in (dir_a, dir_b):
+        for tdir in (d / name / "trials").iterdir():
+            assert tdir.name not in ran_by, f"trial #{tdir.name} ran on both workers"
+            ran_by[tdir.name] = d.name
+    # no config measured twice, but for the killed trial's retry
+    launched = [
+        t
+        for t in trials
+        if t.state.is_finished()
+        and t.number != killed.number
+        and t.user_attrs.get("error_type") not in UNCOUNTED
+    ]
+    keys = [tuple(sorted(t.params.items())) for t in launched]
+    assert len(keys) == len(set(keys)), keys
+    assert (
+        sum(t.user_attrs.get("autotune_role") == "baseline" for t in trials if t.number != killed.number) == 1
+    )
