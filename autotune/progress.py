@@ -38,6 +38,9 @@ class Progress:
     counted_at_start: int = 0
     show_bar: bool = True
     time_budget_s: float | None = None
+    #: wall times of the study's trials from earlier runs: a fresh machine's cold first trial is
+    #: then not taken as what every trial costs
+    earlier_walls: list[float] = field(default_factory=list)
     parallel: int = 1
     max_consecutive_skips: int = 50
     launched: int = 0
@@ -98,7 +101,7 @@ class Progress:
             now = time.time()
             self._trial_walls.append(now - self._last_end)
             self._last_end = now
-            length = statistics.median(self._trial_walls) * self.parallel
+            length = statistics.median([*self.earlier_walls, *self._trial_walls]) * self.parallel
             if now - self.started + length > self.time_budget_s:
                 self.stopped_for_time = True
                 _logger.info(

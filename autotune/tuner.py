@@ -243,6 +243,11 @@ def _run_locked(
         objective=settings.objective,
         show_bar=req.show_bar,
         time_budget_s=req.time_budget_s,
+        earlier_walls=[
+            float(t.user_attrs["wall_s"])
+            for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("wall_s")
+        ],
         parallel=len(slots),
     )
     if len(slots) > 1:

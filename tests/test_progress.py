@@ -81,3 +81,26 @@ def test_a_study_from_before_stored_budgets_gets_the_default():
     assert budget(study) == DEFAULT_TRIALS  # not 0: "17 of 0 trials done" on the H200
     study.set_user_attr(BUDGET_ATTR, 12)
     assert budget(study) == 12
+
+
+def test_a_resumed_study_judges_the_time_left_by_its_earlier_trials(monkeypatch):
+    # on the H200 a fresh machine's first trial took 226 s, warm ones ~100 s: a resume with 440 s
+    # must not stop after that one trial when the study already knows what a trial costs
+    clock = [0.0]
+    monkeypatch.setattr("autotune.progress.time.time", lambda: clock[0])
+    walls = iter([226.0] + [100.0] * 20)
+
+    def objective(trial: optuna.Trial) -> float:
+        clock[0] += next(walls)
+        return trial.suggest_float("x", 0, 1)
+
+    progress = Progress(
+        budget=100,
+        objective="x",
+        show_bar=False,
+        time_budget_s=440,
+        started=0.0,
+        earlier_walls=[108, 116, 107],
+    )
+    _study().optimize(objective, callbacks=[progress])
+    assert progress.stopped_for_time and progress.launched == 3  # 226 + 100 + 100, then 526 > 440
