@@ -276,7 +276,9 @@ def render(doc: dict[str, Any]) -> str:
     if failures:
         lines += ["", "## Failures", ""]
         lines += [
-            f"- **{r['config']}**: {r['outcome']} ({r.get('error_type')}): {r.get('error')} "
+            f"- **{r['config']}**: not run (the run was interrupted before it)"
+            if r["outcome"] == "not run"
+            else f"- **{r['config']}**: {r['outcome']} ({r.get('error_type')}): {r.get('error')} "
             f"— log `{r.get('log')}`"
             for r in failures
         ]

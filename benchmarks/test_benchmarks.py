@@ -145,7 +145,8 @@ def _doc(trials: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
 
 def test_report_has_ratios_and_failed_rows(tmp_path: Path) -> None:
     doc = _doc(
-        [_trial("defaults", 100.0), _trial("seed", 110.0), _trial("big", None)], ["defaults", "seed", "big"]
+        [_trial("defaults", 100.0), _trial("seed", 110.0), _trial("big", None)],
+        ["defaults", "seed", "big", "late"],  # `late`: the run was cut off before it
     )
     report.write(doc, tmp_path)
     rows = {r["config"]: r for r in doc["summary"]}
@@ -154,6 +155,7 @@ def test_report_has_ratios_and_failed_rows(tmp_path: Path) -> None:
     assert rows["big"]["outcome"] == "oom" and rows["big"]["vs_defaults"] is None
     md = (tmp_path / "results.md").read_text()
     assert "| big | oom |" in md and "CUDA out of memory" in md and "×1.100" in md
+    assert "**late**: not run (the run was interrupted before it)" in md and "None" not in md
     assert doc["vllm_version"] == "0.26.0"
 
 
