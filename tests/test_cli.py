@@ -125,3 +125,18 @@ def test_bad_gpu_and_heartbeat_flags(studies, tiny_model, flags, needle):
     proc = _run_new(studies, tiny_model, *flags)
     _assert_clean_error(proc, needle)
     assert not studies.exists()
+
+
+def test_export_of_a_study_without_a_finished_trial(tmp_path):
+    import optuna
+
+    from autotune.config import StudySettings
+    from autotune.study import SETTINGS_ATTR
+
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
+    study.set_user_attr(SETTINGS_ATTR, StudySettings(model="m", workload={}, space={}).to_dict())
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)
+    out = tmp_path / "best.json"
+    proc = autotune("export", "--study", "s", "--studies-dir", str(tmp_path), "--out", str(out))
+    _assert_clean_error(proc, "has no completed trial to export yet", "autotune run --study s")
+    assert not out.exists()

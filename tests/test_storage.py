@@ -32,3 +32,10 @@ def test_redact_hides_password():
 def test_sqlite_creates_its_directory(tmp_path: Path):
     open_storage(f"sqlite:///{tmp_path}/deep/dir/s.db")
     assert (tmp_path / "deep" / "dir" / "s.db").is_file()
+
+
+def test_an_unreachable_database_server_is_a_clear_error():
+    # nothing listens on port 1: the connection is refused at once
+    with pytest.raises(StorageError, match="cannot open the study database") as info:
+        open_storage("postgresql://autotune:pw@127.0.0.1:1/autotune")
+    assert "pw" not in str(info.value).replace("postgresql", "")

@@ -91,3 +91,13 @@ def test_sharegpt(tmp_path: Path):
     f.write_text("{not json")
     with pytest.raises(WorkloadError, match="not valid JSON"):
         load_requests(parse_workload(f"sharegpt:{f}"))
+
+
+def test_huge_workloads_are_refused(tmp_path: Path):
+    with pytest.raises(WorkloadError, match="above the limit of 1000000"):
+        parse_workload("synthetic:count=1000001")
+    path = tmp_path / "huge.jsonl"
+    path.write_text('{"prompt": "x"}\n' * 1_000_001)
+    with pytest.raises(WorkloadError, match="1000001 prompts, above the limit of 1000000; pass count=N"):
+        load_requests(parse_workload(f"jsonl:{path}"))
+    assert len(load_requests(parse_workload(f"jsonl:{path},count=1000"))) == 1000  # the fix it names
