@@ -289,7 +289,7 @@ def trial_table(study: optuna.Study) -> TrialTable:
     """
     import optuna
 
-    from autotune.study import baseline_trial
+    from autotune.study import DUPLICATE_ATTR, baseline_trial
 
     base = baseline_trial(study)
     defaults = dict(base.user_attrs.get("engine") or {}) if base is not None else {}
@@ -297,6 +297,9 @@ def trial_table(study: optuna.Study) -> TrialTable:
     rows: list[tuple[optuna.trial.FrozenTrial, str]] = []
     skipped: Counter[str] = Counter()
     for t in study.get_trials(deepcopy=False):
+        if DUPLICATE_ATTR in t.user_attrs:
+            skipped["duplicate"] += 1  # the same row as the trial it repeats
+            continue
         if t.state == optuna.trial.TrialState.COMPLETE:
             if t.value is not None and math.isfinite(t.value):
                 rows.append((t, "success"))
@@ -642,10 +645,12 @@ def fanova_importance(
     import optuna
     from optuna.importance import FanovaImportanceEvaluator
 
+    from autotune.study import DUPLICATE_ATTR
+
     trials = [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.params and t.value is not None and math.isfinite(t.value)
+        if t.params and t.value is not None and math.isfinite(t.value) and DUPLICATE_ATTR not in t.user_attrs
     ]
     if len(trials) < min_finished:
         return FanovaResult(

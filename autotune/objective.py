@@ -22,7 +22,7 @@ from autotune.outcome import Outcome
 from autotune.placement import Slot, SlotPool
 from autotune.runner import TrialSpec, run_trial, write_skipped
 from autotune.search_space import SearchSpace
-from autotune.study import CONFIG_ATTR, ROLE_ATTR, over_budget
+from autotune.study import CONFIG_ATTR, DUPLICATE_ATTR, ROLE_ATTR, find_duplicate, over_budget
 
 _logger = get_logger(__name__)
 
@@ -76,6 +76,13 @@ class Objective:
             trial.set_user_attr("error_type", "constraint")
             trial.set_user_attr("error", "; ".join(reasons))
             raise optuna.TrialPruned("constraint: " + "; ".join(reasons))
+        if ROLE_ATTR not in trial.user_attrs and (earlier := find_duplicate(trial.study, trial.params)):
+            # the sampler proposed a config measured already (discrete spaces late in a study):
+            # answer with that measurement, as Optuna's FAQ advises, instead of a GPU trial
+            trial.set_user_attr("outcome", "duplicate")
+            trial.set_user_attr(DUPLICATE_ATTR, earlier.number)
+            assert earlier.value is not None
+            return earlier.value
         if self.budget is not None and over_budget(trial.study, trial, self.budget):
             self._give_back(trial)
         with self.pool.take() as slot:

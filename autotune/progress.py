@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
-from autotune.study import ROLE_ATTR, baseline_trial, counted_trials
+from autotune.study import DUPLICATE_ATTR, ROLE_ATTR, baseline_trial, counted_trials
 
 _logger = get_logger(__name__)
 
@@ -43,6 +43,9 @@ class Progress:
     earlier_walls: list[float] = field(default_factory=list)
     parallel: int = 1
     max_consecutive_skips: int = 50
+    max_consecutive_repeats: int = 20
+    consecutive_repeats: int = 0
+    stopped_for_repeats: bool = False
     launched: int = 0
     consecutive_skips: int = 0
     started: float = field(default_factory=time.time)
@@ -78,6 +81,23 @@ class Progress:
         if trial.user_attrs.get("error_type") == "over_budget":
             _logger.debug("trial #%d not run: %s", trial.number, trial.user_attrs.get("error"))
             return
+        if DUPLICATE_ATTR in trial.user_attrs:
+            self.consecutive_repeats += 1
+            _logger.info(
+                "trial #%d: config measured already by #%d, not run again",
+                trial.number,
+                trial.user_attrs[DUPLICATE_ATTR],
+            )
+            if self.consecutive_repeats >= self.max_consecutive_repeats:
+                self.stopped_for_repeats = True
+                _logger.info(
+                    "the sampler proposed only configs measured already, %d times in a row: the "
+                    "search has converged on this space; export the best, or widen the space",
+                    self.consecutive_repeats,
+                )
+                study.stop()
+            return
+        self.consecutive_repeats = 0
         skipped = trial.user_attrs.get("error_type") == "constraint"
         if skipped:
             self.consecutive_skips += 1

@@ -18,6 +18,8 @@ ROLE_ATTR = "autotune_role"
 BUDGET_ATTR = "autotune_budget"
 RETRY_ATTR = "autotune_retry_of"
 RETRY_REASON_ATTR = "autotune_retry_reason"
+#: on a sampled trial whose config an earlier trial measured already: that trial's number
+DUPLICATE_ATTR = "autotune_duplicate_of"
 #: error types of trials that did not use up the budget: never launched (a constraint, or started
 #: by a worker after the budget was used up elsewhere), or cut off by the user
 UNCOUNTED = ("constraint", "interrupted", "over_budget")
@@ -154,12 +156,21 @@ def _counted(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.Frozen
         if t.state != optuna.trial.TrialState.WAITING
         and t.user_attrs.get("error_type") not in UNCOUNTED
         and t.number not in retried  # cut off (its worker died) and run again: the retry counts
+        and DUPLICATE_ATTR not in t.user_attrs  # answered from an earlier trial, nothing ran
     ]
 
 
 def counted_trials(study: optuna.Study) -> int:
     """Trials that used up the study's budget: launched, finished or still running anywhere."""
     return len(_counted(study.get_trials(deepcopy=False)))
+
+
+def find_duplicate(study: optuna.Study, params: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
+    """A completed trial that measured exactly ``params`` already (the first one), if any."""
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.params == params and DUPLICATE_ATTR not in t.user_attrs and t.value is not None:
+            return t
+    return None
 
 
 def over_budget(study: optuna.Study, trial: optuna.Trial, total: int) -> bool:

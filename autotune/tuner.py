@@ -258,7 +258,7 @@ def _run_locked(
             study.optimize(
                 objective, n_trials=None, n_jobs=len(slots), callbacks=[progress], catch=(TrialFailed,)
             )
-            if progress.stopped_for_skips or progress.stopped_for_time:
+            if progress.stopped_for_skips or progress.stopped_for_time or progress.stopped_for_repeats:
                 break
             if not _wait_for_other_workers(study, total, req.heartbeat_s):
                 break

@@ -101,3 +101,40 @@ def test_a_worker_that_starts_past_the_budget_runs_nothing_and_keeps_the_queue(
     assert queued.system_attrs["fixed_params"] == {"max_num_seqs": 7}
     assert queued.user_attrs[ROLE_ATTR] == "enqueued"
     assert counted_trials(study) == 1 and other.number == 0
+
+
+def test_a_config_measured_already_is_answered_not_run_again(engine, tmp_path: Path, monkeypatch):
+    from autotune.progress import Progress
+    from autotune.study import DUPLICATE_ATTR
+
+    launched: list[dict] = []
+    monkeypatch.setattr(
+        "autotune.objective.run_trial",
+        lambda spec: (
+            launched.append(spec.engine_kwargs)
+            or TrialResult(
+                Outcome.SUCCESS, {"output_tokens_per_s": 10.0 + spec.engine_kwargs["enable_prefix_caching"]}
+            )
+        ),
+    )
+    space = build_space(
+        {"name": "t", "parameters": {"enable_prefix_caching": {"type": "bool"}}}, engine, source="test"
+    )  # two configs in all: whatever the sampler proposes next repeats one
+    objective = Objective(
+        settings=StudySettings(model="m", workload={"kind": "synthetic"}, space={}),
+        space=space,
+        study_dir=tmp_path,
+        timeout_s=60,
+    )
+    study = _study(tmp_path)
+    progress = Progress(budget=100, objective="x", show_bar=False, max_consecutive_repeats=5)
+    study.optimize(objective, n_trials=60, callbacks=[progress])
+    assert len(launched) == 2 and {kw["enable_prefix_caching"] for kw in launched} == {False, True}
+    repeats = [t for t in study.trials if DUPLICATE_ATTR in t.user_attrs]
+    assert repeats and all(
+        t.value == study.trials[t.user_attrs[DUPLICATE_ATTR]].value
+        and t.params == study.trials[t.user_attrs[DUPLICATE_ATTR]].params
+        for t in repeats
+    )
+    assert counted_trials(study) == 2  # repeats cost nothing and don't use the budget
+    assert progress.stopped_for_repeats and len(study.trials) < 60  # converged: the run stops
