@@ -260,7 +260,10 @@ def _run_locked(
             )
             if progress.stopped_for_skips or progress.stopped_for_time or progress.stopped_for_repeats:
                 break
-            if not _wait_for_other_workers(study, total, req.heartbeat_s):
+            # a live worker's trial ends within its timeout; one of a worker that died before its
+            # first heartbeat never goes stale: don't wait for that one forever
+            max_wait = req.trial_timeout_s + GRACE_HEARTBEATS * req.heartbeat_s + 60
+            if not _wait_for_other_workers(study, total, req.heartbeat_s, max_wait_s=max_wait):
                 break
     finally:
         progress.close()
@@ -273,15 +276,19 @@ def _run_locked(
     return summarize(study)
 
 
-def _wait_for_other_workers(study: optuna.Study, total: int, heartbeat_s: float) -> bool:
+def _wait_for_other_workers(
+    study: optuna.Study, total: int, heartbeat_s: float, *, max_wait_s: float
+) -> bool:
     """The budget is used up, counting trials that other workers still run. Wait for those: a
     dead worker's trial goes stale, is failed and queued again (``retry_stale``), and then this
     worker runs it, so the budget is finished as long as one worker lives.
 
     Returns:
-        True when budget came free (run more trials), False when every trial has ended.
+        True when budget came free (run more trials), False when every trial has ended (or
+        ``max_wait_s`` passed: a resume later deals with what is left).
     """
     said = False
+    deadline = time.monotonic() + max_wait_s
     while True:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -290,6 +297,14 @@ def _wait_for_other_workers(study: optuna.Study, total: int, heartbeat_s: float)
             return True
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         if not running:
+            return False
+        if time.monotonic() > deadline:
+            _logger.warning(
+                "trial(s) %s still RUNNING after %.0f s, longer than a trial may take here, and "
+                "never stale (no heartbeat recorded): leaving them as they are",
+                ", ".join(f"#{t.number}" for t in running),
+                max_wait_s,
+            )
             return False
         if not said:
             _logger.info(
