@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from autotune._logging import get_logger
 from autotune.errors import AutotuneError, StorageError, StudyError
-from autotune.study import ROLE_ATTR, SETTINGS_ATTR, baseline_trial
+from autotune.study import (
+    DUPLICATE_ATTR,
+    RETRY_ATTR,
+    RETRY_REASON_ATTR,
+    ROLE_ATTR,
+    SETTINGS_ATTR,
+    baseline_trial,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -103,9 +110,22 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
     defaults = dict(base.user_attrs.get("engine") or {}) if base is not None else {}
     base_value = base.value if base is not None else None
     names = searched_names(study)
+    trials = study.get_trials(deepcopy=False)
+    retried_by = {t.user_attrs[RETRY_ATTR]: t for t in trials if RETRY_ATTR in t.user_attrs}
     rows = []
-    for t in study.get_trials(deepcopy=False):
+    for t in trials:
         attrs = t.user_attrs
+        outcome = str(attrs.get("outcome") or ("success" if t.state.name == "COMPLETE" else "-"))
+        error = attrs.get("error")
+        if DUPLICATE_ATTR in attrs:
+            error = f"same config as #{attrs[DUPLICATE_ATTR]}: answered from it, not run again"
+        elif t.number in retried_by and "outcome" not in attrs:  # failed by a heartbeat check
+            again = retried_by[t.number]
+            outcome = "lost"
+            reason = again.user_attrs.get(RETRY_REASON_ATTR, "cut off")
+            error = f"{reason}; its config ran again as #{again.number}"
+        elif RETRY_ATTR in attrs:
+            error = f"retry of #{attrs[RETRY_ATTR]}" + (f": {error}" if error else "")
         telemetry = (attrs.get("metrics") or {}).get("telemetry") or {}
         util = telemetry.get("mean_gpu_util_pct")
         role = str(attrs.get(ROLE_ATTR) or "sampled")
@@ -119,13 +139,13 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
             TrialRow(
                 number=t.number,
                 state=t.state.name,
-                outcome=str(attrs.get("outcome") or ("success" if t.state.name == "COMPLETE" else "-")),
+                outcome=outcome,
                 role=role,
                 value=t.value if t.state.name == "COMPLETE" else None,
                 speedup=ratio(t.value, base_value) if t.state.name == "COMPLETE" else None,
                 wall_s=attrs.get("wall_s"),
                 params=params,
-                error=attrs.get("error"),
+                error=error,
                 log=_log_path(t),
                 gpu_util_pct=float(util) if isinstance(util, (int, float)) else None,
             )

@@ -102,3 +102,29 @@ def test_show_the_real_h200_study(tmp_path):
     assert "x1.106 over vLLM's defaults" in text
     assert "Concurrent Partial Prefill is not supported" in text
     assert "NVIDIA H200" in text and "max_num_seqs [64, 2048] log" in text
+
+
+def test_show_says_which_trials_were_lost_retried_or_repeats():
+    from optuna.distributions import IntDistribution
+
+    from autotune.study import DUPLICATE_ATTR, retry_stale
+
+    study = make_study(n=2, seed=3)
+    dist = {"max_num_seqs": IntDistribution(16, 1024, log=True)}
+    lost = study.ask(dist)  # its worker died; a heartbeat check failed it
+    study.tell(lost, state=optuna.trial.TrialState.FAIL)
+    retry_stale(study, study.trials[lost.number])
+    again = study.ask()
+    study.tell(again, 5.0)
+    repeat = study.ask(dist)
+    repeat.set_user_attr(DUPLICATE_ATTR, again.number)
+    repeat.set_user_attr("outcome", "duplicate")
+    study.tell(repeat, 5.0)
+    rows = {r.number: r for r in trial_rows(study)}
+    assert rows[lost.number].outcome == "lost"
+    assert f"ran again as #{again.number}" in rows[lost.number].error
+    assert "heartbeats" in rows[lost.number].error
+    assert rows[again.number].error.startswith(f"retry of #{lost.number}")
+    assert rows[repeat.number].outcome == "duplicate"
+    assert f"same config as #{again.number}" in rows[repeat.number].error
+    assert "lost" in format_show(show_doc(study))
