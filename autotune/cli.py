@@ -315,10 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--heartbeat",
         type=_positive_int,
-        default=30,
         metavar="SEC",
-        help="seconds between a running trial's heartbeats in the storage; a trial silent for 4x "
-        "as long (its worker killed, its machine lost) is failed and its config run again",
+        help="seconds between a running trial's heartbeats in the storage (a new study: 30, then "
+        "stored for every worker); a trial silent for 4x as long (its worker killed, its machine "
+        "lost) is failed and its config run again",
     )
     run.set_defaults(func=cmd_run)
 
@@ -391,21 +391,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             _logger.exception("error")
         where = f" {e.filename}" if e.filename else ""
         print(
-            f"autotune: error: cannot write{where}: {e.strerror or e}; free space or fix permissions, "
-            "then run the same command again (finished trials are saved)",
+            f"autotune: error: cannot read or write{where}: {e.strerror or e}; free space or fix "
+            "permissions, then run the same command again (finished trials are saved)",
             file=sys.stderr,
         )
         return 2
     except Exception as e:
-        if not type(e).__module__.startswith("sqlalchemy"):
+        # SQLAlchemy's errors, raised as such or wrapped by Optuna (StorageInternalError)
+        cause = e.__cause__ if type(e).__name__ == "StorageInternalError" and e.__cause__ else e
+        if not type(cause).__module__.startswith("sqlalchemy"):
             raise
         from autotune.storage import describe_db_error
 
         if args.debug:
             _logger.exception("error")
         print(
-            f"autotune: error: the study database failed: {describe_db_error(e)} (finished trials "
-            "are saved: its writes are transactional); the same command resumes",
+            f"autotune: error: the study database failed: {describe_db_error(cause)} (finished "
+            "trials are saved: its writes are transactional); the same command resumes",
             file=sys.stderr,
         )
         return 2

@@ -14,7 +14,7 @@ import optuna
 from autotune.atomic import write_json_atomic
 from autotune.engine_info import EngineInfo
 from autotune.errors import StudyError
-from autotune.study import ROLE_ATTR, baseline_trial, stored_settings
+from autotune.study import ROLE_ATTR, baseline_trial, best_trial, stored_settings
 
 FORMAT_VERSION = 1
 
@@ -66,7 +66,7 @@ def build_export(
 
     settings = stored_settings(study)
     try:
-        best = study.best_trial
+        best = best_trial(study)
     except ValueError:
         raise StudyError(
             f"study {study.study_name!r} has no completed trial to export yet; run "

@@ -24,6 +24,7 @@ from autotune.study import (
     ROLE_ATTR,
     SETTINGS_ATTR,
     baseline_trial,
+    best_trial,
 )
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ def summarize_study(study: optuna.Study, storage: str) -> StudySummary:
     best = None
     if counts["COMPLETE"] and len(study.directions) == 1:
         try:
-            best = study.best_trial
+            best = best_trial(study)
         except ValueError:
             best = None
     base = baseline_trial(study)

@@ -22,7 +22,14 @@ from autotune.outcome import Outcome
 from autotune.placement import Slot, SlotPool
 from autotune.runner import TrialSpec, run_trial, write_skipped
 from autotune.search_space import SearchSpace
-from autotune.study import CONFIG_ATTR, DUPLICATE_ATTR, ROLE_ATTR, find_duplicate, over_budget
+from autotune.study import (
+    CONFIG_ATTR,
+    DUPLICATE_ATTR,
+    ROLE_ATTR,
+    find_duplicate,
+    over_budget,
+    queue_retry,
+)
 
 _logger = get_logger(__name__)
 
@@ -76,7 +83,9 @@ class Objective:
             trial.set_user_attr("error_type", "constraint")
             trial.set_user_attr("error", "; ".join(reasons))
             raise optuna.TrialPruned("constraint: " + "; ".join(reasons))
-        if ROLE_ATTR not in trial.user_attrs and (earlier := find_duplicate(trial.study, trial.params)):
+        if ROLE_ATTR not in trial.user_attrs and (
+            earlier := find_duplicate(trial.study, trial.user_attrs["engine_kwargs"])
+        ):
             # the sampler proposed a config measured already (discrete spaces late in a study):
             # answer with that measurement, as Optuna's FAQ advises, instead of a GPU trial
             trial.set_user_attr("outcome", "duplicate")
@@ -117,10 +126,12 @@ class Objective:
         try:
             result = run_trial(spec)
         except KeyboardInterrupt:
-            # the trial's process group is gone already (run_trial); the config gets retried
+            # the trial's process group is gone already (run_trial); its config is queued again
+            # here, by the one worker it belonged to (two workers starting later could both)
             trial.set_user_attr("outcome", "interrupted")
             trial.set_user_attr("error_type", "interrupted")
             trial.set_user_attr("error", "interrupted by the user (Ctrl-C / SIGTERM)")
+            queue_retry(trial.study, trial, "interrupted")
             raise
         trial.set_user_attr("outcome", result.outcome.value)
         trial.set_user_attr("wall_s", result.wall_s)

@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
-from autotune.study import DUPLICATE_ATTR, ROLE_ATTR, baseline_trial, counted_trials
+from autotune.study import DUPLICATE_ATTR, ROLE_ATTR, baseline_trial, best_trial, counted_trials
 
 _logger = get_logger(__name__)
 
@@ -143,7 +143,7 @@ class Progress:
                 + str(trial.user_attrs.get("error") or "")[:160]
             )
         try:
-            best = study.best_trial
+            best = best_trial(study)
             best_txt = f"best {best.value:,.1f} (#{best.number})"
         except ValueError:
             best_txt = "no completed trial yet"

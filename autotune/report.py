@@ -22,7 +22,7 @@ from autotune._logging import get_logger
 from autotune.atomic import write_text_atomic
 from autotune.errors import AutotuneError
 from autotune.inspect import TrialRow, show_doc, trial_rows
-from autotune.study import SETTINGS_ATTR, baseline_trial
+from autotune.study import SETTINGS_ATTR, baseline_trial, best_trial
 
 if TYPE_CHECKING:
     import optuna
@@ -404,7 +404,7 @@ def best_vs_defaults_html(study: optuna.Study, rows: Sequence[TrialRow]) -> str:
     """The best config beside vLLM's defaults: searched args, vLLM's resolved config, metrics."""
     base = baseline_trial(study)
     try:
-        best = study.best_trial
+        best = best_trial(study)
     except ValueError:
         return '<p class="muted">No trial completed yet.</p>'
     by_number = {r.number: r for r in rows}

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,19 +31,19 @@ _POLL_S = 0.2
 
 class _StopRequests:
     """Ctrl-C / SIGTERM presses, seen by every thread that waits on a trial: the signal itself
-    reaches only the main thread, and parallel trials (one per GPU slot) wait in others."""
+    reaches only the main thread, and parallel trials (one per GPU slot) wait in others.
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
+    Only the main thread writes (the signal handler, a run's start); other threads only read.
+    No lock: a signal handler that took one the main thread holds would deadlock.
+    """
+
+    count = 0
 
     def press(self) -> None:
-        with self._lock:
-            self.count += 1
+        self.count += 1
 
     def reset(self) -> None:
-        with self._lock:
-            self.count = 0
+        self.count = 0
 
 
 stop_requests = _StopRequests()
@@ -160,7 +159,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     out_path, err_path = tdir / "stdout.log", tdir / "stderr.log"
     env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1", "AUTOTUNE_PARENT_PID": str(os.getpid())}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    wait_for_idle_gpus(spec.device_ids)
+    wait_for_idle_gpus(spec.device_ids, should_stop=lambda: stop_requests.count > 0)
     if stop_requests.count:  # Ctrl-C while this thread was between trials: start nothing
         raise KeyboardInterrupt
     sampler = GpuSampler(spec.device_ids).start()

@@ -16,6 +16,8 @@ _logger = get_logger(__name__)
 SETTINGS_ATTR = "autotune"
 ROLE_ATTR = "autotune_role"
 BUDGET_ATTR = "autotune_budget"
+#: the study's heartbeat interval: every worker must judge staleness alike
+HEARTBEAT_ATTR = "autotune_heartbeat_s"
 RETRY_ATTR = "autotune_retry_of"
 RETRY_REASON_ATTR = "autotune_retry_reason"
 #: on a sampled trial whose config an earlier trial measured already: that trial's number
@@ -165,15 +167,34 @@ def counted_trials(study: optuna.Study) -> int:
     return len(_counted(study.get_trials(deepcopy=False)))
 
 
-def find_duplicate(study: optuna.Study, params: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
-    """A completed trial that measured exactly ``params`` already (the first one), if any."""
+def find_duplicate(study: optuna.Study, engine_kwargs: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
+    """A completed trial that ran exactly ``engine_kwargs`` already (the first one), if any.
+
+    Engine args, not params: an enqueued config may set args the space does not search.
+    """
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if t.params == params and DUPLICATE_ATTR not in t.user_attrs and t.value is not None:
+        if (
+            DUPLICATE_ATTR not in t.user_attrs
+            and t.value is not None
+            and t.user_attrs.get("engine_kwargs") == engine_kwargs
+        ):
             return t
     return None
 
 
-def over_budget(study: optuna.Study, trial: optuna.Trial, total: int) -> bool:
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
+    """The best completed trial; a repeat that ties with it stands for the trial it repeats.
+
+    Raises:
+        ValueError: no trial completed.
+    """
+    best = study.best_trial
+    if DUPLICATE_ATTR in best.user_attrs:
+        return study.trials[int(best.user_attrs[DUPLICATE_ATTR])]
+    return best
+
+
+def over_budget(study: optuna.Study, trial: optuna.trial.BaseTrial, total: int) -> bool:
     """Whether ``trial`` (just started) is beyond the study's budget of ``total``.
 
     Parallel workers check the budget after each trial, so two of them may start a trial at the
@@ -212,7 +233,7 @@ def fail_interrupted(study: optuna.Study, storage: optuna.storages.BaseStorage) 
     return numbers
 
 
-def _retry_attrs(t: optuna.trial.FrozenTrial, reason: str) -> dict[str, Any]:
+def _retry_attrs(t: optuna.trial.BaseTrial, reason: str) -> dict[str, Any]:
     attrs = {
         RETRY_ATTR: t.number,
         ROLE_ATTR: t.user_attrs.get(ROLE_ATTR, "sampled"),
@@ -223,12 +244,17 @@ def _retry_attrs(t: optuna.trial.FrozenTrial, reason: str) -> dict[str, Any]:
     return attrs
 
 
+def queue_retry(study: optuna.Study, trial: optuna.trial.BaseTrial, reason: str) -> None:
+    """Queue ``trial``'s config to run again (its own trial was cut off, and doesn't count)."""
+    study.enqueue_trial(dict(trial.params), user_attrs=_retry_attrs(trial, reason))
+
+
 def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     """Heartbeat callback: ``trial``'s worker stopped beating (killed, or its machine lost) and
     Optuna failed the trial; queue its config again, so the study still measures it."""
     reason = "its worker stopped sending heartbeats (killed, or its machine was lost)"
     _logger.warning("trial #%d: %s; marked failed, its config runs again", trial.number, reason)
-    study.enqueue_trial(dict(trial.params), user_attrs=_retry_attrs(trial, reason))
+    queue_retry(study, trial, reason)
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:
@@ -239,6 +265,6 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
     for t in trials:
         if t.user_attrs.get("error_type") != "interrupted" or t.number in retried:
             continue
-        study.enqueue_trial(dict(t.params), user_attrs=_retry_attrs(t, "interrupted"))
+        queue_retry(study, t, "interrupted")
         done.append(t.number)
     return done

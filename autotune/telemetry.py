@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,15 +133,23 @@ def _gpu_processes(nvml: Any, ids: list[int]) -> list[int]:
     return pids
 
 
-def wait_for_idle_gpus(ids: list[int], timeout_s: float = 120.0, interval_s: float = 1.0) -> bool:
+def wait_for_idle_gpus(
+    ids: list[int],
+    timeout_s: float = 120.0,
+    interval_s: float = 1.0,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> bool:
     """Wait until no process computes on GPUs ``ids`` (a previous engine may still be freeing its
-    memory), at most ``timeout_s``; True when idle. Without NVML: True at once."""
+    memory), at most ``timeout_s`` or until ``should_stop()``; True when idle. Without NVML: True
+    at once."""
     nvml = _nvml() if ids else None
     if nvml is None:
         return True
     deadline = time.monotonic() + timeout_s
     said = False
     while pids := _gpu_processes(nvml, ids):
+        if should_stop():
+            return False
         if time.monotonic() > deadline:
             _logger.warning(
                 "GPU(s) %s still used by process(es) %s after %.0f s; starting the trial anyway "

@@ -38,8 +38,10 @@ from autotune.storage import (
 from autotune.study import (
     BUDGET_ATTR,
     DEFAULT_TRIALS,
+    HEARTBEAT_ATTR,
     SETTINGS_ATTR,
     baseline_trial,
+    best_trial,
     budget,
     counted_trials,
     create_or_resume,
@@ -78,7 +80,7 @@ class RunRequest:
     env: dict[str, str] = field(default_factory=dict)
     gpus: list[int] | None = None
     gpus_per_trial: int | None = None
-    heartbeat_s: int = DEFAULT_HEARTBEAT_S
+    heartbeat_s: int | None = None  # None: the study's stored one (a new study: 30 s)
 
 
 def _requests_file(study_dir: Path, wl: WorkloadSpec, *, fresh: bool) -> str | None:
@@ -141,9 +143,23 @@ def _run_locked(
     studies_dir = req.studies_dir
     gpus = max(1, len(slots[0].device_ids))
     device_ids = sorted({i for s in slots for i in s.device_ids})
-    storage = open_storage(url, heartbeat_s=req.heartbeat_s, on_stale=retry_stale)
+    heartbeat_s = req.heartbeat_s or DEFAULT_HEARTBEAT_S
+    storage = open_storage(url, heartbeat_s=heartbeat_s, on_stale=retry_stale)
 
     existing = load_existing(name, storage)
+    stored_hb = existing.user_attrs.get(HEARTBEAT_ATTR) if existing is not None else None
+    if stored_hb is not None and int(stored_hb) != heartbeat_s:
+        # every worker must judge staleness alike, or one fails another's live trials
+        if req.heartbeat_s is not None:
+            _logger.warning(
+                "study %r runs with --heartbeat %d (stored when it was created); ignoring %d",
+                name,
+                int(stored_hb),
+                req.heartbeat_s,
+            )
+        heartbeat_s = int(stored_hb)
+        storage = open_storage(url, heartbeat_s=heartbeat_s, on_stale=retry_stale)
+        existing = load_existing(name, storage)
     settings: StudySettings | None = None
     if existing is None:
         if model is None:
@@ -184,13 +200,24 @@ def _run_locked(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
-    for n in requeue_interrupted(study):
-        _logger.info("trial #%d was interrupted: its config runs again", n)
+        # (a trial cut off by Ctrl-C was queued again by its own worker, see Objective)
+    if url.startswith("sqlite:"):  # only one process may requeue: others could double it
+        for n in requeue_interrupted(study):
+            _logger.info("trial #%d was interrupted: its config runs again", n)
     # the budget lives in the study, shared by every worker: --trials N sets it to N (the same
     # command on each machine, or again after a crash, keeps it); a plain resume runs up to it
     total = req.trials or (DEFAULT_TRIALS if created else budget(study))
     if created or req.trials is not None:
         study.set_user_attr(BUDGET_ATTR, total)
+    if created:
+        study.set_user_attr(HEARTBEAT_ATTR, heartbeat_s)
+    if req.trials is not None and not created and req.trials < counted_trials(study):
+        _logger.warning(
+            "--trials %d is the study's total budget, and it has %d trials already: nothing more "
+            "runs; pass a larger --trials to extend it",
+            req.trials,
+            counted_trials(study),
+        )
     if not created and req.space:
         study.set_user_attr(SETTINGS_ATTR, {**settings.to_dict(), "space": space.to_dict()})
     study_dir = studies_dir / name
@@ -234,8 +261,19 @@ def _run_locked(
         env=req.env,
         budget=total,
     )
-    if counted >= total:
-        _logger.info("study %r has all %d of its trials; pass --trials N to add N more", name, total)
+    # a live worker's trial ends within its timeout; one of a worker that died before its first
+    # heartbeat never goes stale: wait for other workers' trials at most this long
+    max_wait = req.trial_timeout_s + GRACE_HEARTBEATS * heartbeat_s + 60
+    if counted >= total and (
+        url.startswith("sqlite:")
+        or not _wait_for_other_workers(study, total, heartbeat_s, max_wait_s=max_wait)
+    ):
+        _logger.info(
+            "study %r has all %d of its trials; pass --trials M (the total, M > %d) to run more",
+            name,
+            total,
+            total,
+        )
         return summarize(study)
     progress = Progress(
         budget=total,
@@ -255,15 +293,20 @@ def _run_locked(
     stop_requests.reset()
     try:
         while True:
-            study.optimize(
-                objective, n_trials=None, n_jobs=len(slots), callbacks=[progress], catch=(TrialFailed,)
-            )
+            try:
+                study.optimize(
+                    objective, n_trials=None, n_jobs=len(slots), callbacks=[progress], catch=(TrialFailed,)
+                )
+            except (ValueError, optuna.exceptions.UpdateFinishedTrialError) as e:
+                if not _finished_elsewhere(e):
+                    raise
+                # another worker's heartbeat check failed a trial that was alive (a database
+                # outage stopped its heartbeats): its config runs again there; go on
+                _logger.warning("a trial of this worker was failed by another worker (%s); going on", e)
+                continue
             if progress.stopped_for_skips or progress.stopped_for_time or progress.stopped_for_repeats:
                 break
-            # a live worker's trial ends within its timeout; one of a worker that died before its
-            # first heartbeat never goes stale: don't wait for that one forever
-            max_wait = req.trial_timeout_s + GRACE_HEARTBEATS * req.heartbeat_s + 60
-            if not _wait_for_other_workers(study, total, req.heartbeat_s, max_wait_s=max_wait):
+            if not _wait_for_other_workers(study, total, heartbeat_s, max_wait_s=max_wait):
                 break
     finally:
         progress.close()
@@ -274,6 +317,11 @@ def _run_locked(
             "the parameter ranges"
         )
     return summarize(study)
+
+
+def _finished_elsewhere(error: BaseException) -> bool:
+    """Optuna refusing to record a trial because it is finished already (failed as stale)."""
+    return isinstance(error, optuna.exceptions.UpdateFinishedTrialError) or "Cannot tell a" in str(error)
 
 
 def _wait_for_other_workers(
@@ -352,7 +400,7 @@ def summarize(study: optuna.Study) -> dict[str, Any]:
     base = baseline_trial(study)
     out: dict[str, Any] = {"study": study.study_name, "objective": settings.objective, "trials": counts}
     try:
-        best = study.best_trial
+        best = best_trial(study)
     except ValueError:
         out["best"] = None
         return out

@@ -40,12 +40,14 @@ def test_only_the_first_trials_to_start_are_within_the_budget(tmp_path: Path):
 def test_a_queued_trial_is_ranked_by_when_it_started_not_by_its_number(tmp_path: Path):
     study = _study(tmp_path)
     study.enqueue_trial({}, user_attrs={ROLE_ATTR: "baseline"})  # number 0, waits
-    study.enqueue_trial({}, user_attrs={ROLE_ATTR: "enqueued"})  # number 1, waits
-    a = study.ask()  # pops #0
-    b = study.ask()  # pops #1
-    late = study.ask()
-    assert (a.number, b.number, late.number) == (0, 1, 2)
-    assert over_budget(study, late, 2) and not over_budget(study, b, 2)
+    # two other workers' trials start first (numbers 1, 2: created running, not from the queue)
+    for _ in range(2):
+        study._storage.create_new_trial(study._study_id)
+        time.sleep(0.01)
+    queued = study.ask()  # pops #0: the lowest number, but the last to start
+    assert queued.number == 0 and queued.user_attrs[ROLE_ATTR] == "baseline"
+    assert over_budget(study, queued, 2)  # ranked by number it would be first in line
+    assert not over_budget(study, study.trials[1], 2) and not over_budget(study, study.trials[2], 2)
 
 
 def test_a_stale_trial_is_failed_and_its_config_queued_once(tmp_path: Path):

@@ -116,3 +116,25 @@ def test_a_password_in_the_storage_url_is_never_printed_or_exported(
     assert "***" in run.stderr  # the URL is shown, masked
     for f in [out, tmp_path / "r.html", *tmp_path.glob("secret/**/*.json")]:
         assert "s3cret-pw" not in f.read_text(errors="replace"), f
+
+
+def test_a_database_error_during_a_run_is_one_line(monkeypatch, capsys):
+    """Optuna wraps SQLAlchemy's errors in StorageInternalError mid-run (a lock held too long
+    during ask(), a disk that filled up): still one line, with the hint, exit 2."""
+    import sqlite3 as sq
+
+    from sqlalchemy.exc import OperationalError
+
+    from autotune import cli
+
+    def locked(args):
+        try:
+            raise OperationalError("INSERT ...", {}, sq.OperationalError("database is locked"))
+        except OperationalError as e:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from e
+
+    monkeypatch.setattr(cli, "cmd_show", locked)
+    assert cli.main(["show", "--study", "s"]) == 2
+    err = capsys.readouterr().err
+    assert "database is locked; another process holds the SQLite database" in err
+    assert "the same command resumes" in err and "Traceback" not in err
