@@ -62,7 +62,7 @@ def test_disk_full_while_exporting_keeps_the_previous_export(tmp_path: Path):
     assert autotune(*args).returncode == 0
     before = out.read_text()
     full = _limited(256, *args)  # the export itself is larger than this
-    _clean(full, "cannot write", "free space")
+    _clean(full, "cannot read or write", "free space")
     assert out.read_text() == before and json.loads(before)["study"] == "s"  # atomic: old one intact
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".best.json")]  # no temp left
 
