@@ -129,7 +129,8 @@ def test_a_config_measured_already_is_answered_not_run_again(engine, tmp_path: P
         timeout_s=60,
     )
     study = _study(tmp_path)
-    progress = Progress(budget=100, objective="x", show_bar=False, max_consecutive_repeats=5)
+    study.sampler = optuna.samplers.RandomSampler(seed=0)  # seeded: both values in the first two
+    progress = Progress(budget=100, objective="x", show_bar=False, max_consecutive_repeats=10)
     study.optimize(objective, n_trials=60, callbacks=[progress])
     assert len(launched) == 2 and {kw["enable_prefix_caching"] for kw in launched} == {False, True}
     repeats = [t for t in study.trials if DUPLICATE_ATTR in t.user_attrs]
