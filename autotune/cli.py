@@ -379,23 +379,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except AutotuneError as e:
-        if args.debug:
-            _logger.exception("error")
-        print(f"autotune: error: {e}", file=sys.stderr)
-        return 2
+        return _error(args, str(e))
     except KeyboardInterrupt:
         print("autotune: interrupted; finished trials are saved, the same command resumes", file=sys.stderr)
         return 130
     except OSError as e:  # a disk that filled up, a directory that became read-only, ...
-        if args.debug:
-            _logger.exception("error")
         where = f" {e.filename}" if e.filename else ""
-        print(
-            f"autotune: error: cannot read or write{where}: {e.strerror or e}; free space or fix "
-            "permissions, then run the same command again (finished trials are saved)",
-            file=sys.stderr,
+        return _error(
+            args,
+            f"cannot read or write{where}: {e.strerror or e}; free space or fix permissions, then "
+            "run the same command again (finished trials are saved)",
         )
-        return 2
     except Exception as e:
         # SQLAlchemy's errors, raised as such or wrapped by Optuna (StorageInternalError)
         cause = e.__cause__ if type(e).__name__ == "StorageInternalError" and e.__cause__ else e
@@ -403,14 +397,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         from autotune.storage import describe_db_error
 
-        if args.debug:
-            _logger.exception("error")
-        print(
-            f"autotune: error: the study database failed: {describe_db_error(cause)} (finished "
-            "trials are saved: its writes are transactional); the same command resumes",
-            file=sys.stderr,
+        return _error(
+            args,
+            f"the study database failed: {describe_db_error(cause)} (finished trials are saved: "
+            "its writes are transactional); the same command resumes",
         )
-        return 2
+
+
+def _error(args: argparse.Namespace, message: str) -> int:
+    """One line on stderr (the traceback too with --debug), exit code 2."""
+    if args.debug:
+        _logger.exception("error")
+    print(f"autotune: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from autotune.export import ratio
 from autotune.lock import study_lock
 from autotune.model_ref import check_model
 from autotune.objective import Objective, TrialFailed
-from autotune.placement import Slot, SlotPool, plan_slots
+from autotune.placement import SlotPool, plan_slots
 from autotune.progress import Progress
 from autotune.runner import stop_requests
 from autotune.search_space import SearchSpace, build_space, load_space
@@ -102,8 +102,8 @@ def run_study(req: RunRequest) -> dict[str, Any]:
     url = req.storage or default_url(name, studies_dir)
     engine = describe_engine()
     device_ids = visible_device_ids()
-    slots = plan_slots(req.gpus, req.gpus_per_trial, visible=device_ids, platform=engine.platform)
-    gpus = max(1, len(slots[0].device_ids))  # what one trial may use: bounds tensor_parallel_size
+    pool = SlotPool(plan_slots(req.gpus, req.gpus_per_trial, visible=device_ids, platform=engine.platform))
+    gpus = pool.gpus_per_trial  # what one trial may use: bounds tensor_parallel_size
 
     # check every input that was given before anything is written
     model = check_model(req.model) if req.model is not None else None
@@ -127,7 +127,7 @@ def run_study(req: RunRequest) -> dict[str, Any]:
         else contextlib.nullcontext()
     )
     with lock:
-        return _run_locked(req, name, url, engine, slots, model, given_wl, given_space)
+        return _run_locked(req, name, url, engine, pool, model, given_wl, given_space)
 
 
 def _run_locked(
@@ -135,13 +135,14 @@ def _run_locked(
     name: str,
     url: str,
     engine: EngineInfo,
-    slots: list[Slot],
+    pool: SlotPool,
     model: str | None,
     given_wl: WorkloadSpec | None,
     given_space: SearchSpace | None,
 ) -> dict[str, Any]:
     studies_dir = req.studies_dir
-    gpus = max(1, len(slots[0].device_ids))
+    slots = pool.slots
+    gpus = pool.gpus_per_trial
     device_ids = sorted({i for s in slots for i in s.device_ids})
     heartbeat_s = req.heartbeat_s or DEFAULT_HEARTBEAT_S
     storage = open_storage(url, heartbeat_s=heartbeat_s, on_stale=retry_stale)
@@ -191,19 +192,18 @@ def _run_locked(
         )
 
     # parallel workers of a shared study (never SQLite's: one run at a time) seed apart
-    worker = 0 if url.startswith("sqlite:") else os.getpid()
+    sole_worker = url.startswith("sqlite:")  # the SQLite lock is held: no other process runs it
+    worker = 0 if sole_worker else os.getpid()
     study, settings, created = create_or_resume(name, storage, settings, worker=worker)
-    if url.startswith("sqlite:"):  # the lock is held: whatever is RUNNING was cut off
+    if sole_worker:
+        # whatever is RUNNING was cut off; requeueing is safe with no other process to double it
+        # (elsewhere a trial cut off by Ctrl-C is queued again by its own worker, see Objective)
         for n in fail_interrupted(study, storage):
             _logger.warning("trial #%d was cut off by an earlier run that died; marked failed", n)
-    else:  # other workers may be running: only trials whose worker stopped beating are dead
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
-        # (a trial cut off by Ctrl-C was queued again by its own worker, see Objective)
-    if url.startswith("sqlite:"):  # only one process may requeue: others could double it
         for n in requeue_interrupted(study):
             _logger.info("trial #%d was interrupted: its config runs again", n)
+    else:  # other workers may be running: only trials whose worker stopped beating are dead
+        _fail_stale(study)
     # the budget lives in the study, shared by every worker: --trials N sets it to N (the same
     # command on each machine, or again after a crash, keeps it); a plain resume runs up to it
     total = req.trials or (DEFAULT_TRIALS if created else budget(study))
@@ -211,12 +211,12 @@ def _run_locked(
         study.set_user_attr(BUDGET_ATTR, total)
     if created:
         study.set_user_attr(HEARTBEAT_ATTR, heartbeat_s)
-    if req.trials is not None and not created and req.trials < counted_trials(study):
+    if req.trials is not None and not created and req.trials < (already := counted_trials(study)):
         _logger.warning(
             "--trials %d is the study's total budget, and it has %d trials already: nothing more "
             "runs; pass a larger --trials to extend it",
             req.trials,
-            counted_trials(study),
+            already,
         )
     if not created and req.space:
         study.set_user_attr(SETTINGS_ATTR, {**settings.to_dict(), "space": space.to_dict()})
@@ -256,7 +256,7 @@ def _run_locked(
         space=space,
         study_dir=study_dir,
         timeout_s=req.trial_timeout_s,
-        pool=SlotPool(slots),
+        pool=pool,
         requests_file=requests_file,
         env=req.env,
         budget=total,
@@ -265,8 +265,7 @@ def _run_locked(
     # heartbeat never goes stale: wait for other workers' trials at most this long
     max_wait = req.trial_timeout_s + GRACE_HEARTBEATS * heartbeat_s + 60
     if counted >= total and (
-        url.startswith("sqlite:")
-        or not _wait_for_other_workers(study, total, heartbeat_s, max_wait_s=max_wait)
+        sole_worker or not _wait_for_other_workers(study, total, heartbeat_s, max_wait_s=max_wait)
     ):
         _logger.info(
             "study %r has all %d of its trials; pass --trials M (the total, M > %d) to run more",
@@ -319,6 +318,13 @@ def _run_locked(
     return summarize(study)
 
 
+def _fail_stale(study: optuna.Study) -> None:
+    """Fail the trials whose workers stopped sending heartbeats (``retry_stale`` requeues them)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+
+
 def _finished_elsewhere(error: BaseException) -> bool:
     """Optuna refusing to record a trial because it is finished already (failed as stale)."""
     return isinstance(error, optuna.exceptions.UpdateFinishedTrialError) or "Cannot tell a" in str(error)
@@ -338,9 +344,7 @@ def _wait_for_other_workers(
     said = False
     deadline = time.monotonic() + max_wait_s
     while True:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
+        _fail_stale(study)
         if counted_trials(study) < total:
             return True
         running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
