@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -31,3 +32,28 @@ def worker_pid(trial_dir: Path) -> int:
         if b"autotune.worker" in cmd and spec in cmd:
             return int(entry.name)
     raise AssertionError(f"no worker process for {trial_dir}")
+
+
+def fake_trials(monkeypatch, value=lambda spec: 1.0, sleep_s: float = 0.0) -> list:
+    """Replace the trial process by a success worth ``value(spec)`` (after ``sleep_s``), for
+    tests of the bookkeeping around trials; returns the specs "run", in order."""
+    from autotune.outcome import Outcome, TrialResult
+
+    ran: list = []
+
+    def run_trial(spec):
+        time.sleep(sleep_s)
+        ran.append(spec)
+        return TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": value(spec)})
+
+    monkeypatch.setattr("autotune.objective.run_trial", run_trial)
+    return ran
+
+
+def objective_for(space, study_dir: Path, **kw):
+    """An Objective of a study of model ``m`` on a synthetic workload."""
+    from autotune.config import StudySettings
+    from autotune.objective import Objective
+
+    settings = StudySettings(model="m", workload={"kind": "synthetic"}, space={})
+    return Objective(settings=settings, space=space, study_dir=study_dir, timeout_s=60, **kw)

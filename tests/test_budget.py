@@ -8,12 +8,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import StudySettings
-from autotune.objective import Objective, OverBudget
-from autotune.outcome import Outcome, TrialResult
+from autotune.objective import OverBudget
 from autotune.search_space import build_space
 from autotune.storage import open_storage
 from autotune.study import RETRY_ATTR, ROLE_ATTR, counted_trials, over_budget, retry_stale
+from tests.helpers import fake_trials, objective_for
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used"),
@@ -72,23 +71,13 @@ def test_a_stale_trial_is_failed_and_its_config_queued_once(tmp_path: Path):
 def test_a_worker_that_starts_past_the_budget_runs_nothing_and_keeps_the_queue(
     engine, tmp_path: Path, monkeypatch
 ):
-    launched: list[int] = []
-    monkeypatch.setattr(
-        "autotune.objective.run_trial",
-        lambda spec: launched.append(1) or TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": 1.0}),
-    )
+    launched = fake_trials(monkeypatch)
     space = build_space(
         {"name": "t", "parameters": {"max_num_seqs": {"type": "int", "low": 1, "high": 256}}},
         engine,
         source="test",
     )
-    objective = Objective(
-        settings=StudySettings(model="m", workload={"kind": "synthetic"}, space={}),
-        space=space,
-        study_dir=tmp_path,
-        timeout_s=60,
-        budget=1,
-    )
+    objective = objective_for(space, tmp_path, budget=1)
     study = _study(tmp_path)
     other = study.ask()  # another worker's trial, running: the budget's one slot
     study.enqueue_trial(
@@ -109,29 +98,16 @@ def test_a_config_measured_already_is_answered_not_run_again(engine, tmp_path: P
     from autotune.progress import Progress
     from autotune.study import DUPLICATE_ATTR
 
-    launched: list[dict] = []
-    monkeypatch.setattr(
-        "autotune.objective.run_trial",
-        lambda spec: (
-            launched.append(spec.engine_kwargs)
-            or TrialResult(
-                Outcome.SUCCESS, {"output_tokens_per_s": 10.0 + spec.engine_kwargs["enable_prefix_caching"]}
-            )
-        ),
-    )
+    ran = fake_trials(monkeypatch, value=lambda spec: 10.0 + spec.engine_kwargs["enable_prefix_caching"])
     space = build_space(
         {"name": "t", "parameters": {"enable_prefix_caching": {"type": "bool"}}}, engine, source="test"
     )  # two configs in all: whatever the sampler proposes next repeats one
-    objective = Objective(
-        settings=StudySettings(model="m", workload={"kind": "synthetic"}, space={}),
-        space=space,
-        study_dir=tmp_path,
-        timeout_s=60,
-    )
+    objective = objective_for(space, tmp_path)
     study = _study(tmp_path)
     study.sampler = optuna.samplers.RandomSampler(seed=0)  # seeded: both values in the first two
     progress = Progress(budget=100, objective="x", show_bar=False, max_consecutive_repeats=10)
     study.optimize(objective, n_trials=60, callbacks=[progress])
+    launched = [spec.engine_kwargs for spec in ran]
     assert len(launched) == 2 and {kw["enable_prefix_caching"] for kw in launched} == {False, True}
     repeats = [t for t in study.trials if DUPLICATE_ATTR in t.user_attrs]
     assert repeats and all(

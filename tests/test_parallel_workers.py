@@ -17,7 +17,7 @@ import pytest
 
 from autotune.runner import group_members
 from autotune.study import RETRY_ATTR, UNCOUNTED, counted_trials
-from tests.helpers import worker_pid
+from tests.helpers import fake_trials, objective_for, worker_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 WORKLOAD = "synthetic:count=16,input_len=32,output_len=16"
@@ -107,18 +107,13 @@ def test_two_workers_with_parallel_slots_keep_the_budget_exact(
     replaced by a sleep; what is tested is the bookkeeping around it."""
     import threading
 
-    from autotune.config import StudySettings
-    from autotune.objective import Objective, TrialFailed
-    from autotune.outcome import Outcome, TrialResult
+    from autotune.objective import TrialFailed
     from autotune.placement import SlotPool, plan_slots
     from autotune.progress import Progress
     from autotune.search_space import build_space
     from autotune.storage import open_storage
 
-    monkeypatch.setattr(
-        "autotune.objective.run_trial",
-        lambda spec: time.sleep(0.3) or TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": 1.0}),
-    )
+    fake_trials(monkeypatch, sleep_s=0.3)
     name = f"threads-{uuid.uuid4().hex[:8]}"
     optuna.create_study(study_name=name, storage=postgres_url, direction="maximize")
     space = build_space(
@@ -131,14 +126,7 @@ def test_two_workers_with_parallel_slots_keep_the_budget_exact(
     def worker(k: int) -> None:
         study = optuna.load_study(study_name=name, storage=open_storage(postgres_url, heartbeat_s=1))
         slots = plan_slots([2 * k, 2 * k + 1], 1, visible=list(range(4)), platform="cuda")
-        objective = Objective(
-            settings=StudySettings(model="m", workload={"kind": "synthetic"}, space={}),
-            space=space,
-            study_dir=tmp_path / str(k),
-            timeout_s=60,
-            pool=SlotPool(slots),
-            budget=budget,
-        )
+        objective = objective_for(space, tmp_path / str(k), pool=SlotPool(slots), budget=budget)
         progress = Progress(budget=budget, objective="x", show_bar=False, parallel=2)
         study.optimize(objective, n_jobs=2, callbacks=[progress], catch=(TrialFailed,))
 

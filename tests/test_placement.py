@@ -16,6 +16,7 @@ from autotune.outcome import Outcome, TrialResult
 from autotune.placement import PORT_BASE, PORT_STRIDE, SlotPool, parse_gpus, plan_slots
 from autotune.runner import TrialSpec
 from autotune.search_space import build_space
+from tests.helpers import fake_trials, objective_for
 
 EIGHT = list(range(8))
 
@@ -75,7 +76,8 @@ def _space(engine, tp_high: int):
     raw = {
         "name": "t",
         "parameters": {
-            "max_num_seqs": {"type": "int", "low": 8, "high": 512, "log": True},
+            # wide, so that sampled configs don't repeat (a repeat is answered, not run)
+            "max_num_seqs": {"type": "int", "low": 1, "high": 1_000_000},
             "tensor_parallel_size": {"type": "categorical", "choices": [1, 2, 4][: tp_high.bit_length()]},
         },
     }
@@ -127,29 +129,15 @@ def test_parallel_trials_each_get_a_slot_of_their_own(engine, tmp_path: Path, mo
 
 
 def test_tensor_parallel_size_is_bounded_by_gpus_per_trial(engine, tmp_path: Path, monkeypatch):
-    launched: list[dict] = []
-    monkeypatch.setattr(
-        "autotune.objective.run_trial",
-        lambda spec: (
-            launched.append(spec.engine_kwargs)
-            or TrialResult(outcome=Outcome.SUCCESS, metrics={"output_tokens_per_s": 1.0})
-        ),
-    )
+    ran = fake_trials(monkeypatch)
     space = _space(engine, 4)  # a space written for 4 GPUs
-    objective = Objective(
-        settings=StudySettings(
-            model="m", workload={"kind": "synthetic"}, space={}, objective="output_tokens_per_s"
-        ),
-        space=space,
-        study_dir=tmp_path,
-        timeout_s=60,
-        pool=SlotPool(plan_slots([0, 1, 2, 3], 2, visible=EIGHT, platform="cuda")),
-    )
+    pool = SlotPool(plan_slots([0, 1, 2, 3], 2, visible=EIGHT, platform="cuda"))
+    objective = objective_for(space, tmp_path, pool=pool)
     study = optuna.create_study(direction="maximize")
     for tp in (1, 2, 4):
         study.enqueue_trial({"max_num_seqs": 64, "tensor_parallel_size": tp})
     study.optimize(objective, n_trials=3)
-    assert [kw["tensor_parallel_size"] for kw in launched] == [1, 2]
+    assert [spec.engine_kwargs["tensor_parallel_size"] for spec in ran] == [1, 2]
     skipped = study.trials[2]
     assert skipped.state == optuna.trial.TrialState.PRUNED
     assert "exceeds the 2 GPU(s) a trial may use" in skipped.user_attrs["error"]

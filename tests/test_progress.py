@@ -57,17 +57,23 @@ def test_time_budget_starts_no_trial_that_would_overrun():
     assert 2 <= len(study.trials) <= 3  # ~0.2 s each: the 4th would end past 0.7 s
 
 
+def _timed_objective(monkeypatch, walls: list[float]):
+    """An objective whose trials take ``walls`` seconds each on a fake clock that starts at 0."""
+    clock = [0.0]
+    monkeypatch.setattr("autotune.progress.time.time", lambda: clock[0])
+    lengths = iter(walls)
+
+    def objective(trial: optuna.Trial) -> float:
+        clock[0] += next(lengths)
+        return trial.suggest_float("x", 0, 1)
+
+    return objective
+
+
 def test_time_budget_is_not_spent_by_a_cold_first_trial(monkeypatch):
     # a machine's first trial pays for cold caches (the H200's: 207 s, then ~87 s): the next
     # trial's length is the median of those so far, not the mean
-    clock = [0.0]
-    monkeypatch.setattr("autotune.progress.time.time", lambda: clock[0])
-    walls = iter([200.0] + [90.0] * 20)
-
-    def objective(trial: optuna.Trial) -> float:
-        clock[0] += next(walls)
-        return trial.suggest_float("x", 0, 1)
-
+    objective = _timed_objective(monkeypatch, [200.0] + [90.0] * 20)
     progress = Progress(budget=100, objective="x", show_bar=False, time_budget_s=490, started=0.0)
     _study().optimize(objective, callbacks=[progress])
     assert progress.stopped_for_time
@@ -86,14 +92,7 @@ def test_a_study_from_before_stored_budgets_gets_the_default():
 def test_a_resumed_study_judges_the_time_left_by_its_earlier_trials(monkeypatch):
     # on the H200 a fresh machine's first trial took 226 s, warm ones ~100 s: a resume with 440 s
     # must not stop after that one trial when the study already knows what a trial costs
-    clock = [0.0]
-    monkeypatch.setattr("autotune.progress.time.time", lambda: clock[0])
-    walls = iter([226.0] + [100.0] * 20)
-
-    def objective(trial: optuna.Trial) -> float:
-        clock[0] += next(walls)
-        return trial.suggest_float("x", 0, 1)
-
+    objective = _timed_objective(monkeypatch, [226.0] + [100.0] * 20)
     progress = Progress(
         budget=100,
         objective="x",
