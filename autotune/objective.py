@@ -18,13 +18,14 @@ from autotune._logging import get_logger
 from autotune.config import StudySettings
 from autotune.constraints import violations
 from autotune.errors import AutotuneError
-from autotune.outcome import Outcome
+from autotune.outcome import Outcome, TrialResult
 from autotune.placement import Slot, SlotPool
 from autotune.runner import TrialSpec, run_trial, write_skipped
 from autotune.search_space import SearchSpace
 from autotune.study import (
     CONFIG_ATTR,
     DUPLICATE_ATTR,
+    RETRY_ATTR,
     ROLE_ATTR,
     find_duplicate,
     over_budget,
@@ -54,6 +55,8 @@ class Objective:
     requests_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     budget: int | None = None
+    # set once a trial of this run got its engine up: vLLM's compile and CUDA-graph caches exist
+    _warm: bool = field(default=False, init=False, repr=False)
 
     def config_for(self, trial: optuna.Trial) -> dict[str, Any]:
         """The engine args this trial runs with (the fixed ones included)."""
@@ -109,6 +112,26 @@ class Objective:
             trial.study.stop()
         raise OverBudget(f"trial #{trial.number} started after the budget of {self.budget} was used up")
 
+    def _retry_cold(self, trial: optuna.Trial, result: TrialResult) -> None:
+        """Queue a timed-out first trial once more: its time went to cold caches, not its config.
+
+        The first engine start on a machine compiles the model (torch.compile) and captures CUDA
+        graphs; later starts read vLLM's caches and take a fraction of it (H200, Llama-3.2-1B:
+        146 s cold, 25-40 s warm). A tight ``--trial-timeout`` would otherwise fail that first
+        trial, the baseline usually, for good.
+        """
+        ph = result.phases
+        start_s = ph.get("warmup", result.wall_s or 0.0) - ph.get("engine_start", 0.0)
+        _logger.warning(
+            "trial #%d timed out after %.0f s, %.0f s of them starting the engine: the first start "
+            "on a machine compiles the model and captures CUDA graphs (later ones read the cache), "
+            "so its config runs once more; if it times out again, raise --trial-timeout",
+            trial.number,
+            result.wall_s or 0.0,
+            max(0.0, start_s),
+        )
+        queue_retry(trial.study, trial, "timed out on the run's first, cold engine start")
+
     def _run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
         if slot.device_ids:
             trial.set_user_attr("gpus", list(slot.device_ids))
@@ -133,6 +156,10 @@ class Objective:
             trial.set_user_attr("error", "interrupted by the user (Ctrl-C / SIGTERM)")
             queue_retry(trial.study, trial, "interrupted")
             raise
+        if result.outcome is Outcome.TIMEOUT and not self._warm and RETRY_ATTR not in trial.user_attrs:
+            self._retry_cold(trial, result)
+        if "warmup" in result.phases:
+            self._warm = True
         trial.set_user_attr("outcome", result.outcome.value)
         trial.set_user_attr("wall_s", result.wall_s)
         trial.set_user_attr("phases_s", result.phases)

@@ -117,3 +117,31 @@ def test_a_config_measured_already_is_answered_not_run_again(engine, tmp_path: P
     )
     assert counted_trials(study) == 2  # repeats cost nothing and don't use the budget
     assert progress.stopped_for_repeats and len(study.trials) < 60  # converged: the run stops
+
+
+def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, tmp_path: Path, monkeypatch):
+    from autotune.outcome import Outcome, TrialResult
+
+    # the H200 case: 21 s validate, 146 s cold engine start, killed at 200 s in its generate
+    cold = {"import": 0.1, "validate": 0.1, "engine_start": 21.5, "warmup": 167.5, "generate": 167.6}
+    results = [
+        TrialResult(Outcome.TIMEOUT, error_type="timeout", error="killed", wall_s=200.0, phases=cold),
+        TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": 5.0}, wall_s=60.0, phases=cold),
+        TrialResult(Outcome.TIMEOUT, error_type="timeout", error="killed", wall_s=200.0, phases=cold),
+    ]
+    monkeypatch.setattr("autotune.objective.run_trial", lambda spec: results.pop(0))
+    space = build_space(
+        {"name": "t", "parameters": {"max_num_seqs": {"type": "int", "low": 1, "high": 256}}},
+        engine,
+        source="test",
+    )
+    study = _study(tmp_path)
+    study.enqueue_trial({}, user_attrs={ROLE_ATTR: "baseline"})
+    study.optimize(objective_for(space, tmp_path), n_trials=3, catch=(Exception,))
+    first, retry, later = study.trials
+    assert first.state == later.state == optuna.trial.TrialState.FAIL
+    assert retry.user_attrs[RETRY_ATTR] == first.number and retry.user_attrs[ROLE_ATTR] == "baseline"
+    assert retry.value == 5.0 and retry.params == {}
+    # once warm, a timeout is the config's: no second retry; the cut-off first trial isn't counted
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert counted_trials(study) == 2
