@@ -15,6 +15,9 @@ from autotune.study import DUPLICATE_ATTR, ROLE_ATTR, baseline_trial, best_trial
 
 _logger = get_logger(__name__)
 
+#: a generate phase shorter than this is a noisy objective: say so, once per run
+SHORT_MEASUREMENT_S = 15.0
+
 
 def _fmt_params(params: dict[str, Any], limit: int = 6) -> str:
     items = [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()]
@@ -52,6 +55,7 @@ class Progress:
     stopped_for_skips: bool = False
     stopped_for_time: bool = False
     _bar: Any = None
+    _warned_short: bool = False
     _trial_walls: list[float] = field(default_factory=list)
     _last_end: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -110,6 +114,7 @@ class Progress:
         self.launched += 1
         counted = counted_trials(study)
         self._log(study, trial, counted)
+        self._warn_if_short(trial)
         if self._bar is not None:
             self._bar.update(1)
         if counted >= self.budget:
@@ -130,6 +135,20 @@ class Progress:
                     self.launched,
                 )
                 study.stop()
+
+    def _warn_if_short(self, trial: optuna.trial.FrozenTrial) -> None:
+        generate_s = (trial.user_attrs.get("metrics") or {}).get("generate_s")
+        if self._warned_short or generate_s is None or generate_s >= SHORT_MEASUREMENT_S:
+            return
+        self._warned_short = True
+        _logger.warning(
+            "trial #%d measured its generate phase for only %.1f s: a run this short is noisy "
+            "(on one H200 a 1B model's 8-10 s runs differed by 30 %% between two machines), so "
+            "small differences between trials may be chance; a larger workload (e.g. "
+            "count=5000) gives a steadier objective",
+            trial.number,
+            generate_s,
+        )
 
     def _log(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, counted: int) -> None:
         base = baseline_trial(study)
