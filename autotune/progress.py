@@ -54,6 +54,8 @@ class Progress:
     started: float = field(default_factory=time.time)
     stopped_for_skips: bool = False
     stopped_for_time: bool = False
+    #: generate phases shorter than this get one warning (None: no warning)
+    short_measurement_s: float | None = SHORT_MEASUREMENT_S
     _bar: Any = None
     _warned_short: bool = False
     _trial_walls: list[float] = field(default_factory=list)
@@ -138,7 +140,8 @@ class Progress:
 
     def _warn_if_short(self, trial: optuna.trial.FrozenTrial) -> None:
         generate_s = (trial.user_attrs.get("metrics") or {}).get("generate_s")
-        if self._warned_short or generate_s is None or generate_s >= SHORT_MEASUREMENT_S:
+        limit = self.short_measurement_s
+        if self._warned_short or limit is None or generate_s is None or generate_s >= limit:
             return
         self._warned_short = True
         _logger.warning(

@@ -24,7 +24,7 @@ from autotune.lock import study_lock
 from autotune.model_ref import check_model
 from autotune.objective import Objective, TrialFailed
 from autotune.placement import SlotPool, plan_slots
-from autotune.progress import Progress
+from autotune.progress import SHORT_MEASUREMENT_S, Progress
 from autotune.runner import stop_requests
 from autotune.search_space import SearchSpace, build_space, load_space
 from autotune.storage import (
@@ -81,6 +81,7 @@ class RunRequest:
     gpus: list[int] | None = None
     gpus_per_trial: int | None = None
     heartbeat_s: int | None = None  # None: the study's stored one (a new study: 30 s)
+    warn_short_measurement: bool = True
 
 
 def _requests_file(study_dir: Path, wl: WorkloadSpec, *, fresh: bool) -> str | None:
@@ -286,6 +287,7 @@ def _run_locked(
             if t.user_attrs.get("wall_s")
         ],
         parallel=len(slots),
+        short_measurement_s=SHORT_MEASUREMENT_S if req.warn_short_measurement else None,
     )
     if len(slots) > 1:
         _logger.info("%d trials at a time, on GPUs %s", len(slots), " | ".join(s.describe() for s in slots))
