@@ -128,3 +128,25 @@ def test_show_says_which_trials_were_lost_retried_or_repeats():
     assert rows[repeat.number].outcome == "duplicate"
     assert f"same config as #{again.number}" in rows[repeat.number].error
     assert "lost" in format_show(show_doc(study))
+
+
+def test_show_says_a_timed_out_trial_ran_again():
+    from optuna.distributions import IntDistribution
+
+    from autotune.study import queue_retry
+
+    study = make_study(n=2, seed=3)
+    cold = study.ask({"max_num_seqs": IntDistribution(16, 1024, log=True)})
+    cold.set_user_attr("outcome", "timeout")
+    cold.set_user_attr("error", "the trial ran past its timeout and was killed")
+    queue_retry(study, cold, "timed out on the run's first, cold engine start")
+    study.tell(cold, state=optuna.trial.TrialState.FAIL)
+    again = study.ask()
+    study.tell(again, 5.0)
+    rows = {r.number: r for r in trial_rows(study)}
+    assert rows[cold.number].outcome == "timeout"
+    assert (
+        rows[cold.number].error
+        == f"the trial ran past its timeout and was killed; its config ran again as #{again.number}"
+    )
+    assert rows[again.number].error.startswith(f"retry of #{cold.number}")
