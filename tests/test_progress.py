@@ -119,3 +119,22 @@ def test_a_short_measurement_is_flagged_once(monkeypatch):
     study.optimize(objective, n_trials=3, callbacks=[Progress(budget=3, objective="x", show_bar=False)])
     (warning,) = warnings
     assert "trial #1" in warning and "8.0 s" in warning and "count=" in warning
+
+
+def test_a_fresh_studys_cold_first_trial_is_not_taken_for_what_trials_cost(monkeypatch):
+    # the H200, a fresh 1B study, --time-budget 400: the baseline took 200 s, 146 s of them a cold
+    # engine start; warm trials took ~70 s. Judged by the cold 200 s, the run stopped after it.
+    clock = [0.0]
+    monkeypatch.setattr("autotune.progress.time.time", lambda: clock[0])
+
+    def objective(trial: optuna.Trial) -> float:
+        cold = trial.number == 0
+        clock[0] += 200.0 if cold else 70.0
+        start = (47.5, 193.5) if cold else (22.0, 50.0)
+        trial.set_user_attr("phases_s", {"engine_start": start[0], "warmup": start[1]})
+        return trial.suggest_float("x", 0, 1)
+
+    progress = Progress(budget=100, objective="x", show_bar=False, time_budget_s=400, started=0.0)
+    _study().optimize(objective, callbacks=[progress])
+    # 200 s - 146 s x 0.65 = 105 s predicted: a second trial fits; then median(105, 70) = 87.5
+    assert progress.stopped_for_time and progress.launched == 3  # 200 + 70 + 70 = 340, + 70 > 400
