@@ -125,10 +125,13 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
             outcome = "lost"
             reason = again.user_attrs.get(RETRY_REASON_ATTR, "cut off")
             error = f"{reason}; its config ran again as #{again.number}"
-        elif t.number in retried_by:  # timed out on a cold start, or interrupted: it ran again
-            error = f"{error or t.state.name.lower()}; its config ran again as #{retried_by[t.number].number}"
-        elif RETRY_ATTR in attrs:
-            error = f"retry of #{attrs[RETRY_ATTR]}" + (f": {error}" if error else "")
+        else:
+            if RETRY_ATTR in attrs:
+                error = f"retry of #{attrs[RETRY_ATTR]}" + (f": {error}" if error else "")
+            if t.number in retried_by:  # timed out on a cold start, or interrupted
+                again = retried_by[t.number]
+                done = "queued again" if again.state.name == "WAITING" else "ran again"
+                error = f"{error or t.state.name.lower()}; its config {done} as #{again.number}"
         telemetry = (attrs.get("metrics") or {}).get("telemetry") or {}
         util = telemetry.get("mean_gpu_util_pct")
         role = str(attrs.get(ROLE_ATTR) or "sampled")

@@ -8,6 +8,7 @@ learns to avoid the region); timeout or crash -> FAIL, with the error and the lo
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,14 +19,14 @@ from autotune._logging import get_logger
 from autotune.config import StudySettings
 from autotune.constraints import violations
 from autotune.errors import AutotuneError
-from autotune.outcome import Outcome, TrialResult
+from autotune.outcome import Outcome, TrialResult, engine_start_s
 from autotune.placement import Slot, SlotPool
 from autotune.runner import TrialSpec, run_trial, write_skipped
 from autotune.search_space import SearchSpace
 from autotune.study import (
     CONFIG_ATTR,
     DUPLICATE_ATTR,
-    RETRY_ATTR,
+    RETRY_REASON_ATTR,
     ROLE_ATTR,
     find_duplicate,
     over_budget,
@@ -33,6 +34,8 @@ from autotune.study import (
 )
 
 _logger = get_logger(__name__)
+
+COLD_RETRY_REASON = "timed out in the run's first, cold engine start"
 
 
 class TrialFailed(AutotuneError):
@@ -57,6 +60,8 @@ class Objective:
     budget: int | None = None
     # set once a trial of this run got its engine up: vLLM's compile and CUDA-graph caches exist
     _warm: bool = field(default=False, init=False, repr=False)
+    _cold_retries: int = field(default=0, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def config_for(self, trial: optuna.Trial) -> dict[str, Any]:
         """The engine args this trial runs with (the fixed ones included)."""
@@ -112,25 +117,37 @@ class Objective:
             trial.study.stop()
         raise OverBudget(f"trial #{trial.number} started after the budget of {self.budget} was used up")
 
-    def _retry_cold(self, trial: optuna.Trial, result: TrialResult) -> None:
-        """Queue a timed-out first trial once more: its time went to cold caches, not its config.
+    def _retry_cold(self, trial: optuna.Trial, result: TrialResult) -> bool:
+        """Queue a timed-out trial once more if cold caches, not its config, used up its time.
 
         The first engine start on a machine compiles the model (torch.compile) and captures CUDA
         graphs; later starts read vLLM's caches and take a fraction of it (H200, Llama-3.2-1B:
-        146 s cold, 25-40 s warm). A tight ``--trial-timeout`` would otherwise fail that first
-        trial, the baseline usually, for good.
+        146 s cold, 27-41 s warm). A tight ``--trial-timeout`` would otherwise fail that first
+        trial, the baseline usually, for good. So: a timeout that spent most of its time starting
+        the engine, before any trial of this run got its engine up, runs again, once per slot
+        per run and once per config.
         """
-        ph = result.phases
-        start_s = ph.get("warmup", result.wall_s or 0.0) - ph.get("engine_start", 0.0)
+        start_s = engine_start_s(result.phases, result.wall_s)
+        with self._lock:
+            if (
+                result.outcome is not Outcome.TIMEOUT
+                or self._warm
+                or self._cold_retries >= len(self.pool.slots)
+                or trial.user_attrs.get(RETRY_REASON_ATTR) == COLD_RETRY_REASON
+                or start_s < 0.5 * (result.wall_s or 0.0)
+            ):
+                return False
+            self._cold_retries += 1
         _logger.warning(
             "trial #%d timed out after %.0f s, %.0f s of them starting the engine: the first start "
             "on a machine compiles the model and captures CUDA graphs (later ones read the cache), "
             "so its config runs once more; if it times out again, raise --trial-timeout",
             trial.number,
             result.wall_s or 0.0,
-            max(0.0, start_s),
+            start_s,
         )
-        queue_retry(trial.study, trial, "timed out on the run's first, cold engine start")
+        queue_retry(trial.study, trial, COLD_RETRY_REASON)
+        return True
 
     def _run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
         if slot.device_ids:
@@ -156,13 +173,14 @@ class Objective:
             trial.set_user_attr("error", "interrupted by the user (Ctrl-C / SIGTERM)")
             queue_retry(trial.study, trial, "interrupted")
             raise
-        if result.outcome is Outcome.TIMEOUT and not self._warm and RETRY_ATTR not in trial.user_attrs:
-            self._retry_cold(trial, result)
-        if "warmup" in result.phases:
-            self._warm = True
+        # recorded first: a trial another worker failed meanwhile (a stale heartbeat, queued
+        # again there) raises here, before it could be queued a second time below
         trial.set_user_attr("outcome", result.outcome.value)
         trial.set_user_attr("wall_s", result.wall_s)
         trial.set_user_attr("phases_s", result.phases)
+        self._retry_cold(trial, result)
+        if "warmup" in result.phases:
+            self._warm = True
         if result.engine:
             trial.set_user_attr("engine", result.engine)
         if result.outcome is Outcome.SUCCESS:

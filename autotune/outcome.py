@@ -79,6 +79,17 @@ class TrialResult:
     engine: dict[str, Any] = field(default_factory=dict)
 
 
+def engine_start_s(phases: Mapping[str, float], wall_s: float | None) -> float:
+    """Seconds a trial spent starting its engine (until it was killed, if it was killed in it).
+
+    ``phases`` holds the seconds since the trial's start at which each phase began.
+    """
+    if "engine_start" not in phases:
+        return 0.0
+    end = phases.get("warmup", wall_s if wall_s is not None else phases["engine_start"])
+    return max(0.0, float(end) - float(phases["engine_start"]))
+
+
 def _first_match(patterns: tuple[re.Pattern[str], ...], text: str) -> str | None:
     """The line of the first pattern (in the order given: most specific first) found in text."""
     m = next((m for m in (p.search(text) for p in patterns) if m is not None), None)

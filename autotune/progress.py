@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
+from autotune.outcome import engine_start_s
 from autotune.study import DUPLICATE_ATTR, ROLE_ATTR, baseline_trial, best_trial, counted_trials
 
 _logger = get_logger(__name__)
@@ -121,8 +122,9 @@ class Progress:
         counted = counted_trials(study)
         self._log(study, trial, counted)
         self._warn_if_short(trial)
-        if self._bar is not None:
-            self._bar.update(1)
+        if self._bar is not None:  # counted, not launched: a trial run again is counted once
+            self._bar.n = counted
+            self._bar.refresh()
         if counted >= self.budget:
             study.stop()
         elif self.time_budget_s is not None:
@@ -130,12 +132,19 @@ class Progress:
             # median, not the mean: a machine's first trial pays for cold compile caches); with
             # parallel slots trials end `parallel` times as often as one lasts
             now = time.time()
+            # one trial's length: the gap since the last trial ended (sampling and bookkeeping
+            # included) with one slot; with parallel slots gaps are shorter, so its own wall
             wall = now - self._last_end
+            if self.parallel > 1:
+                wall = float(trial.user_attrs.get("wall_s") or wall * self.parallel)
             if not self.earlier_walls and len(self._trial_walls) < self.parallel:
-                wall -= _engine_start_s(trial) * (1 - WARM_START_FRACTION)  # a fresh study's cold start
+                # a fresh study's first trials start cold: count their engine start as a warm one
+                phases = trial.user_attrs.get("phases_s") or {}
+                cold_s = engine_start_s(phases, trial.user_attrs.get("wall_s"))
+                wall = max(0.0, wall - cold_s * (1 - WARM_START_FRACTION))
             self._trial_walls.append(wall)
             self._last_end = now
-            length = statistics.median([*self.earlier_walls, *self._trial_walls]) * self.parallel
+            length = statistics.median([*self.earlier_walls, *self._trial_walls])
             if now - self.started + length > self.time_budget_s:
                 self.stopped_for_time = True
                 _logger.info(
@@ -152,10 +161,9 @@ class Progress:
             return
         self._warned_short = True
         _logger.warning(
-            "trial #%d measured its generate phase for only %.1f s: a run this short is noisy "
-            "(on one H200 a 1B model's 8-10 s runs differed by 30 %% between two machines), so "
-            "small differences between trials may be chance; a larger workload (e.g. "
-            "count=5000) gives a steadier objective",
+            "trial #%d measured its generate phase for only %.1f s: a measurement this short is "
+            "easily disturbed, so small differences between trials may be chance; a larger "
+            "workload (e.g. count=5000) gives a steadier objective",
             trial.number,
             generate_s,
         )
@@ -195,15 +203,6 @@ class Progress:
         )
         if self._bar is not None:
             self._bar.set_postfix_str(best_txt)
-
-
-def _engine_start_s(trial: optuna.trial.FrozenTrial) -> float:
-    """Seconds ``trial`` spent starting its engine (so far, if it was killed in the start)."""
-    phases = trial.user_attrs.get("phases_s") or {}
-    if "engine_start" not in phases:
-        return 0.0
-    end = phases.get("warmup", trial.user_attrs.get("wall_s") or phases["engine_start"])
-    return max(0.0, float(end) - float(phases["engine_start"]))
 
 
 def _fmt_duration(seconds: float) -> str:

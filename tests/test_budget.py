@@ -119,25 +119,37 @@ def test_a_config_measured_already_is_answered_not_run_again(engine, tmp_path: P
     assert progress.stopped_for_repeats and len(study.trials) < 60  # converged: the run stops
 
 
-def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, tmp_path: Path, monkeypatch):
+def _timeout(start: float, warmup: float | None, wall: float = 200.0):
     from autotune.outcome import Outcome, TrialResult
 
-    # the H200 case: 21 s validate, 146 s cold engine start, killed at 200 s in its generate
-    cold = {"import": 0.1, "validate": 0.1, "engine_start": 21.5, "warmup": 167.5, "generate": 167.6}
-    results = [
-        TrialResult(Outcome.TIMEOUT, error_type="timeout", error="killed", wall_s=200.0, phases=cold),
-        TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": 5.0}, wall_s=60.0, phases=cold),
-        TrialResult(Outcome.TIMEOUT, error_type="timeout", error="killed", wall_s=200.0, phases=cold),
-    ]
-    monkeypatch.setattr("autotune.objective.run_trial", lambda spec: results.pop(0))
-    space = build_space(
+    phases = {"import": 0.0, "validate": 21.4, "engine_start": start}
+    if warmup is not None:
+        phases.update(warmup=warmup, generate=warmup + 0.1)
+    return TrialResult(Outcome.TIMEOUT, error_type="timeout", error="killed", wall_s=wall, phases=phases)
+
+
+def _space(engine):
+    return build_space(
         {"name": "t", "parameters": {"max_num_seqs": {"type": "int", "low": 1, "high": 256}}},
         engine,
         source="test",
     )
+
+
+def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, tmp_path: Path, monkeypatch):
+    from autotune.outcome import Outcome, TrialResult
+
+    # the H200 case: 21 s import, 26 s validate, 146 s cold engine start, killed at 200 s in its
+    # generate phase
+    results = [
+        _timeout(47.5, 193.5),
+        TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": 5.0}, wall_s=60.0, phases={}),
+        _timeout(47.5, 193.5),
+    ]
+    monkeypatch.setattr("autotune.objective.run_trial", lambda spec: results.pop(0))
     study = _study(tmp_path)
     study.enqueue_trial({}, user_attrs={ROLE_ATTR: "baseline"})
-    study.optimize(objective_for(space, tmp_path), n_trials=3, catch=(Exception,))
+    study.optimize(objective_for(_space(engine), tmp_path), n_trials=3, catch=(Exception,))
     first, retry, later = study.trials
     assert first.state == later.state == optuna.trial.TrialState.FAIL
     assert retry.user_attrs[RETRY_ATTR] == first.number and retry.user_attrs[ROLE_ATTR] == "baseline"
@@ -145,3 +157,31 @@ def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, t
     # once warm, a timeout is the config's: no second retry; the cut-off first trial isn't counted
     assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert counted_trials(study) == 2
+
+
+def test_a_cold_retry_is_once_and_only_for_a_timeout_spent_starting(engine, tmp_path: Path, monkeypatch):
+    from autotune.study import RETRY_REASON_ATTR, queue_retry
+
+    study = _study(tmp_path)
+    # a baseline the user Ctrl-C'd in its slow cold start: queued again as interrupted
+    cut = study.ask()
+    cut.set_user_attr(ROLE_ATTR, "baseline")
+    cut.set_user_attr("error_type", "interrupted")
+    queue_retry(study, cut, "interrupted")
+    study.tell(cut, state=optuna.trial.TrialState.FAIL)
+    # this run: the interrupted retry times out cold (retried), and so does its retry (not again)
+    results = [_timeout(47.5, None), _timeout(47.5, None)]
+    monkeypatch.setattr("autotune.objective.run_trial", lambda spec: results.pop(0))
+    study.optimize(objective_for(_space(engine), tmp_path), n_trials=2, catch=(Exception,))
+    _, interrupted_retry, cold_retry = study.trials
+    assert interrupted_retry.user_attrs[RETRY_REASON_ATTR] == "interrupted"
+    assert cold_retry.user_attrs[RETRY_ATTR] == interrupted_retry.number
+    assert "cold engine start" in cold_retry.user_attrs[RETRY_REASON_ATTR]
+    assert cold_retry.state == optuna.trial.TrialState.FAIL
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    # a new run whose first trial timed out in its generate phase (a 10 s engine start): the
+    # config is slow, not the caches cold, and it is not run again
+    results = [_timeout(21.5, 31.5)]
+    study.optimize(objective_for(_space(engine), tmp_path), n_trials=1, catch=(Exception,))
+    assert study.trials[-1].user_attrs["outcome"] == "timeout"
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))

@@ -3,6 +3,7 @@ from __future__ import annotations
 import time
 
 import optuna
+import pytest
 
 from autotune.progress import Progress
 
@@ -138,3 +139,24 @@ def test_a_fresh_studys_cold_first_trial_is_not_taken_for_what_trials_cost(monke
     _study().optimize(objective, callbacks=[progress])
     # 200 s - 146 s x 0.65 = 105 s predicted: a second trial fits; then median(105, 70) = 87.5
     assert progress.stopped_for_time and progress.launched == 3  # 200 + 70 + 70 = 340, + 70 > 400
+
+
+def test_with_parallel_slots_a_trial_is_as_long_as_its_own_wall(monkeypatch):
+    # two slots, both cold (146 s starts), ending 5 s apart: each is predicted from its own wall
+    # with a warm start (105 s), not from the 5 s between the two ends
+    clock = [0.0]
+    monkeypatch.setattr("autotune.progress.time.time", lambda: clock[0])
+    ends = iter([200.0, 205.0, 280.0, 285.0, 360.0, 365.0])
+
+    def objective(trial: optuna.Trial) -> float:
+        clock[0] = next(ends)
+        cold = trial.number < 2
+        trial.set_user_attr("wall_s", 200.0 if cold else 75.0)
+        trial.set_user_attr("phases_s", {"engine_start": 47.5, "warmup": 193.5 if cold else 75.5})
+        return trial.suggest_float("x", 0, 1)
+
+    progress = Progress(budget=100, objective="x", show_bar=False, time_budget_s=400, started=0.0, parallel=2)
+    _study().optimize(objective, callbacks=[progress])
+    assert progress._trial_walls[:2] == [pytest.approx(105.1), pytest.approx(105.1)]
+    # after 4 trials: median(105.1, 105.1, 75, 75) = 90.05; 285 + 90 fits, after 5: 360 + 75 doesn't
+    assert progress.stopped_for_time and progress.launched == 5
