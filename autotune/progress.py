@@ -129,8 +129,7 @@ class Progress:
             study.stop()
         elif self.time_budget_s is not None:
             # start another trial only if one of median length still fits in the time left (the
-            # median, not the mean: a machine's first trial pays for cold compile caches); with
-            # parallel slots trials end `parallel` times as often as one lasts
+            # median, not the mean: a machine's first trial pays for cold compile caches)
             now = time.time()
             # one trial's length: the gap since the last trial ended (sampling and bookkeeping
             # included) with one slot; with parallel slots gaps are shorter, so its own wall
