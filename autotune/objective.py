@@ -117,7 +117,7 @@ class Objective:
             trial.study.stop()
         raise OverBudget(f"trial #{trial.number} started after the budget of {self.budget} was used up")
 
-    def _retry_cold(self, trial: optuna.Trial, result: TrialResult) -> bool:
+    def _retry_cold(self, trial: optuna.Trial, result: TrialResult) -> None:
         """Queue a timed-out trial once more if cold caches, not its config, used up its time.
 
         The first engine start on a machine compiles the model (torch.compile) and captures CUDA
@@ -136,7 +136,7 @@ class Objective:
                 or trial.user_attrs.get(RETRY_REASON_ATTR) == COLD_RETRY_REASON
                 or start_s < 0.5 * (result.wall_s or 0.0)
             ):
-                return False
+                return
             self._cold_retries += 1
         _logger.warning(
             "trial #%d timed out after %.0f s, %.0f s of them starting the engine: the first start "
@@ -147,7 +147,6 @@ class Objective:
             start_s,
         )
         queue_retry(trial.study, trial, COLD_RETRY_REASON)
-        return True
 
     def _run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
         if slot.device_ids:
