@@ -25,6 +25,14 @@ def _study(tmp_path: Path, **kw) -> optuna.Study:
     return optuna.create_study(study_name="s", storage=storage, direction="maximize")
 
 
+def _space(engine):
+    return build_space(
+        {"name": "t", "parameters": {"max_num_seqs": {"type": "int", "low": 1, "high": 256}}},
+        engine,
+        source="test",
+    )
+
+
 def test_only_the_first_trials_to_start_are_within_the_budget(tmp_path: Path):
     study = _study(tmp_path)
     first, second, third = study.ask(), study.ask(), study.ask()  # three workers at once
@@ -72,12 +80,7 @@ def test_a_worker_that_starts_past_the_budget_runs_nothing_and_keeps_the_queue(
     engine, tmp_path: Path, monkeypatch
 ):
     launched = fake_trials(monkeypatch)
-    space = build_space(
-        {"name": "t", "parameters": {"max_num_seqs": {"type": "int", "low": 1, "high": 256}}},
-        engine,
-        source="test",
-    )
-    objective = objective_for(space, tmp_path, budget=1)
+    objective = objective_for(_space(engine), tmp_path, budget=1)
     study = _study(tmp_path)
     other = study.ask()  # another worker's trial, running: the budget's one slot
     study.enqueue_trial(
@@ -126,14 +129,6 @@ def _timeout(start: float, warmup: float | None, wall: float = 200.0):
     if warmup is not None:
         phases.update(warmup=warmup, generate=warmup + 0.1)
     return TrialResult(Outcome.TIMEOUT, error_type="timeout", error="killed", wall_s=wall, phases=phases)
-
-
-def _space(engine):
-    return build_space(
-        {"name": "t", "parameters": {"max_num_seqs": {"type": "int", "low": 1, "high": 256}}},
-        engine,
-        source="test",
-    )
 
 
 def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, tmp_path: Path, monkeypatch):

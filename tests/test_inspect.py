@@ -133,13 +133,14 @@ def test_show_says_which_trials_were_lost_retried_or_repeats():
 def test_show_says_a_timed_out_trial_ran_again():
     from optuna.distributions import IntDistribution
 
+    from autotune.objective import COLD_RETRY_REASON
     from autotune.study import queue_retry
 
     study = make_study(n=2, seed=3)
     cold = study.ask({"max_num_seqs": IntDistribution(16, 1024, log=True)})
     cold.set_user_attr("outcome", "timeout")
     cold.set_user_attr("error", "the trial ran past its timeout and was killed")
-    queue_retry(study, cold, "timed out on the run's first, cold engine start")
+    queue_retry(study, cold, COLD_RETRY_REASON)
     study.tell(cold, state=optuna.trial.TrialState.FAIL)
     again = study.ask()
     study.tell(again, 5.0)
