@@ -1,7 +1,7 @@
 """vllm-autotune: a Bayesian auto-tuner for vLLM batch inference.
 
 The parent process (this package) never imports vLLM; each trial runs in
-``python -m autotune.worker``, the one module that does.
+``python -m autotune.trial.worker``, the one module that does.
 """
 
 from autotune.errors import AutotuneError

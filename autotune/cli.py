@@ -138,8 +138,8 @@ def _parse_enqueue(items: list[str]) -> list[dict[str, Any]]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Create or resume a study and run ``--trials`` trials of it."""
-    from autotune.placement import parse_gpus
-    from autotune.tuner import RunRequest, run_study
+    from autotune.tuning.placement import parse_gpus
+    from autotune.tuning.run import RunRequest, run_study
 
     request = RunRequest(
         study=args.study,
@@ -167,10 +167,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the study's best config as JSON."""
-    from autotune.engine_info import describe_engine
-    from autotune.export import build_export, write_export
-    from autotune.storage import check_study_name, default_url, open_storage, redact
-    from autotune.study import load_existing
+    from autotune.output.export import build_export, write_export
+    from autotune.space.engine_args import describe_engine
+    from autotune.study.lifecycle import load_existing
+    from autotune.study.storage import check_study_name, default_url, open_storage, redact
 
     name = check_study_name(args.study)
     url = args.storage or default_url(name, args.studies_dir)
@@ -181,7 +181,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise StudyError(f"no study named {name!r} in {redact(url)}")
     importance: dict[str, Any] = {"status": "skipped", "message": "exported with --no-importance"}
     if not getattr(args, "no_importance", False):  # cmd_demo calls this with a bare Namespace
-        from autotune.importance import export_importance
+        from autotune.analysis.importance import export_importance
 
         importance, table = export_importance(study)
         print(table)
@@ -201,8 +201,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_importance(args: argparse.Namespace) -> int:
     """Rank what drives the study's objective and what makes configs infeasible."""
-    from autotune.importance import compute_importance, format_table
-    from autotune.inspect import open_study
+    from autotune.analysis.importance import compute_importance, format_table
+    from autotune.analysis.records import open_study
 
     study, _ = open_study(args.study, args.storage, args.studies_dir)
     report = compute_importance(study, n_jobs=args.jobs, seed=args.seed)
@@ -212,8 +212,8 @@ def cmd_importance(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Write a self-contained HTML report of the study."""
-    from autotune.inspect import open_study
-    from autotune.report import write_report
+    from autotune.analysis.records import open_study
+    from autotune.output.report import write_report
 
     study, url = open_study(args.study, args.storage, args.studies_dir)
     path = write_report(study, args.out, storage=url, importance_kwargs={"n_jobs": args.jobs})
@@ -225,7 +225,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     """List the studies in a storage (or in every study database of --studies-dir)."""
     import dataclasses
 
-    from autotune.inspect import format_list, list_studies, storage_urls
+    from autotune.analysis.records import format_list, list_studies, storage_urls
 
     rows = list_studies(storage_urls(args.storage, args.studies_dir))
     print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) if args.json else format_list(rows))
@@ -234,7 +234,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """Show one study: its settings, the best trial against the baseline, every trial."""
-    from autotune.inspect import format_show, open_study, show_doc
+    from autotune.analysis.records import format_show, open_study, show_doc
 
     study, url = open_study(args.study, args.storage, args.studies_dir)
     doc = show_doc(study, url)
@@ -244,8 +244,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build a tiny random-weight Llama and tune it for real on the installed vLLM."""
-    from autotune.tiny_model import build_tiny_llama
-    from autotune.tuner import RunRequest, run_study
+    from autotune.demo.tiny_model import build_tiny_llama
+    from autotune.tuning.run import RunRequest, run_study
 
     model_dir = args.studies_dir / "demo-model"
     _logger.info("building a tiny random-weight Llama in %s", model_dir)
@@ -277,7 +277,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _interrupt(signum: int, frame: object) -> None:
     """Ctrl-C or SIGTERM: every running trial stops (a second press: at once), then unwind."""
-    from autotune.runner import request_stop
+    from autotune.trial.runner import request_stop
 
     request_stop()
     raise KeyboardInterrupt
@@ -285,7 +285,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from autotune import __version__
-    from autotune.config import OBJECTIVES
+    from autotune.study.settings import OBJECTIVES
 
     parser = argparse.ArgumentParser(prog="autotune", description="Bayesian auto-tuner for vLLM.")
     parser.add_argument("--version", action="version", version=f"vllm-autotune {__version__}")
@@ -396,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cause = e.__cause__ if type(e).__name__ == "StorageInternalError" and e.__cause__ else e
         if not type(cause).__module__.startswith("sqlalchemy"):
             raise
-        from autotune.storage import describe_db_error
+        from autotune.study.storage import describe_db_error
 
         return _error(
             args,

@@ -6,7 +6,7 @@
         --config defaults='{}' --config seed=@seed.json --config tuned=@export.json \\
         --repeat 2 --out benchmarks/results/llama2-7b
 
-Each config runs through :func:`autotune.runner.run_trial` (the tuner's own isolated worker), with
+Each config runs through :func:`autotune.trial.runner.run_trial` (the tuner's own isolated worker), with
 the ``--set`` args applied on top of it. Runs are interleaved (every config once, then again) so
 drift hits all alike. Before the first trial, a torch microbenchmark measures the machine's
 matmul and copy rates for the roofline (:mod:`benchmarks.roofline`). ``OUT/results.json`` and
@@ -33,10 +33,10 @@ from typing import Any
 import yaml
 
 from autotune.atomic import write_text_atomic
-from autotune.config import DEFAULT_SAMPLING
 from autotune.errors import AutotuneError
-from autotune.runner import TrialSpec, run_trial
-from autotune.workload import WorkloadSpec, load_requests, parse_workload
+from autotune.study.settings import DEFAULT_SAMPLING
+from autotune.trial.runner import TrialSpec, run_trial
+from autotune.trial.workload import WorkloadSpec, load_requests, parse_workload
 from benchmarks import host, report
 from benchmarks.models import ARCHS, DenseShape, resolve_model
 from benchmarks.roofline import Rates, dtype_name, floor_for

@@ -7,7 +7,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from autotune.telemetry import gpu_names, visible_device_ids
+from autotune.trial.telemetry import gpu_names, visible_device_ids
 
 
 def cpu_model() -> str:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engine_info import EngineInfo, describe_engine
-from autotune.tiny_model import build_tiny_llama
+from autotune.demo.tiny_model import build_tiny_llama
+from autotune.space.engine_args import EngineInfo, describe_engine
 
 
 @pytest.fixture(scope="session")

@@ -22,14 +22,14 @@ def autotune(*args: str, cwd: Path | None = None, timeout: float = 900) -> subpr
 
 
 def worker_pid(trial_dir: Path) -> int:
-    """PID (= process group) of the live ``autotune.worker`` running ``trial_dir``'s spec."""
+    """PID (= process group) of the live ``autotune.trial.worker`` running ``trial_dir``'s spec."""
     spec = str(trial_dir / "spec.json").encode()
     for entry in Path("/proc").glob("[0-9]*"):
         try:
             cmd = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"autotune.worker" in cmd and spec in cmd:
+        if b"autotune.trial.worker" in cmd and spec in cmd:
             return int(entry.name)
     raise AssertionError(f"no worker process for {trial_dir}")
 
@@ -37,7 +37,7 @@ def worker_pid(trial_dir: Path) -> int:
 def fake_trials(monkeypatch, value=lambda spec: 1.0, sleep_s: float = 0.0) -> list:
     """Replace the trial process by a success worth ``value(spec)`` (after ``sleep_s``), for
     tests of the bookkeeping around trials; returns the specs "run", in order."""
-    from autotune.outcome import Outcome, TrialResult
+    from autotune.trial.outcome import Outcome, TrialResult
 
     ran: list = []
 
@@ -46,14 +46,14 @@ def fake_trials(monkeypatch, value=lambda spec: 1.0, sleep_s: float = 0.0) -> li
         ran.append(spec)
         return TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": value(spec)})
 
-    monkeypatch.setattr("autotune.objective.run_trial", run_trial)
+    monkeypatch.setattr("autotune.tuning.objective.run_trial", run_trial)
     return ran
 
 
 def objective_for(space, study_dir: Path, **kw):
     """An Objective of a study of model ``m`` on a synthetic workload."""
-    from autotune.config import StudySettings
-    from autotune.objective import Objective
+    from autotune.study.settings import StudySettings
+    from autotune.tuning.objective import Objective
 
     settings = StudySettings(model="m", workload={"kind": "synthetic"}, space={})
     return Objective(settings=settings, space=space, study_dir=study_dir, timeout_s=60, **kw)

@@ -8,10 +8,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.objective import OverBudget
-from autotune.search_space import build_space
-from autotune.storage import open_storage
-from autotune.study import RETRY_ATTR, ROLE_ATTR, counted_trials, over_budget, retry_stale
+from autotune.space.load import build_space
+from autotune.study.lifecycle import RETRY_ATTR, ROLE_ATTR, counted_trials, over_budget, retry_stale
+from autotune.study.storage import open_storage
+from autotune.tuning.objective import OverBudget
 from tests.helpers import fake_trials, objective_for
 
 pytestmark = [
@@ -98,8 +98,8 @@ def test_a_worker_that_starts_past_the_budget_runs_nothing_and_keeps_the_queue(
 
 
 def test_a_config_measured_already_is_answered_not_run_again(engine, tmp_path: Path, monkeypatch):
-    from autotune.progress import Progress
-    from autotune.study import DUPLICATE_ATTR
+    from autotune.study.lifecycle import DUPLICATE_ATTR
+    from autotune.tuning.progress import Progress
 
     ran = fake_trials(monkeypatch, value=lambda spec: 10.0 + spec.engine_kwargs["enable_prefix_caching"])
     space = build_space(
@@ -123,7 +123,7 @@ def test_a_config_measured_already_is_answered_not_run_again(engine, tmp_path: P
 
 
 def _timeout(start: float, warmup: float | None, wall: float = 200.0):
-    from autotune.outcome import Outcome, TrialResult
+    from autotune.trial.outcome import Outcome, TrialResult
 
     phases = {"import": 0.0, "validate": 21.4, "engine_start": start}
     if warmup is not None:
@@ -132,7 +132,7 @@ def _timeout(start: float, warmup: float | None, wall: float = 200.0):
 
 
 def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, tmp_path: Path, monkeypatch):
-    from autotune.outcome import Outcome, TrialResult
+    from autotune.trial.outcome import Outcome, TrialResult
 
     # the H200 case: 21 s import, 26 s validate, 146 s cold engine start, killed at 200 s in its
     # generate phase
@@ -141,7 +141,7 @@ def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, t
         TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": 5.0}, wall_s=60.0, phases={}),
         _timeout(47.5, 193.5),
     ]
-    monkeypatch.setattr("autotune.objective.run_trial", lambda spec: results.pop(0))
+    monkeypatch.setattr("autotune.tuning.objective.run_trial", lambda spec: results.pop(0))
     study = _study(tmp_path)
     study.enqueue_trial({}, user_attrs={ROLE_ATTR: "baseline"})
     study.optimize(objective_for(_space(engine), tmp_path), n_trials=3, catch=(Exception,))
@@ -155,7 +155,7 @@ def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, t
 
 
 def test_a_cold_retry_is_once_and_only_for_a_timeout_spent_starting(engine, tmp_path: Path, monkeypatch):
-    from autotune.study import RETRY_REASON_ATTR, queue_retry
+    from autotune.study.lifecycle import RETRY_REASON_ATTR, queue_retry
 
     study = _study(tmp_path)
     # a baseline the user Ctrl-C'd in its slow cold start: queued again as interrupted
@@ -166,7 +166,7 @@ def test_a_cold_retry_is_once_and_only_for_a_timeout_spent_starting(engine, tmp_
     study.tell(cut, state=optuna.trial.TrialState.FAIL)
     # this run: the interrupted retry times out cold (retried), and so does its retry (not again)
     results = [_timeout(47.5, None), _timeout(47.5, None)]
-    monkeypatch.setattr("autotune.objective.run_trial", lambda spec: results.pop(0))
+    monkeypatch.setattr("autotune.tuning.objective.run_trial", lambda spec: results.pop(0))
     study.optimize(objective_for(_space(engine), tmp_path), n_trials=2, catch=(Exception,))
     _, interrupted_retry, cold_retry = study.trials
     assert interrupted_retry.user_attrs[RETRY_REASON_ATTR] == "interrupted"

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.importance import (
+from autotune.analysis.importance import (
     ImportanceReport,
     compute_importance,
     format_table,

@@ -9,8 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.errors import StudyError
-from autotune.inspect import (
+from autotune.analysis.records import (
     format_list,
     format_show,
     list_studies,
@@ -19,6 +18,7 @@ from autotune.inspect import (
     storage_urls,
     trial_rows,
 )
+from autotune.errors import StudyError
 from tests.synthetic import DEFAULTS, make_study
 
 H200_DB = Path(__file__).resolve().parent.parent / "benchmarks/results/h200-2026-12-02/h200-llama2-7b.db"
@@ -107,7 +107,7 @@ def test_show_the_real_h200_study(tmp_path):
 def test_show_says_which_trials_were_lost_retried_or_repeats():
     from optuna.distributions import IntDistribution
 
-    from autotune.study import DUPLICATE_ATTR, retry_stale
+    from autotune.study.lifecycle import DUPLICATE_ATTR, retry_stale
 
     study = make_study(n=2, seed=3)
     dist = {"max_num_seqs": IntDistribution(16, 1024, log=True)}
@@ -133,8 +133,8 @@ def test_show_says_which_trials_were_lost_retried_or_repeats():
 def test_show_says_a_timed_out_trial_ran_again():
     from optuna.distributions import IntDistribution
 
-    from autotune.objective import COLD_RETRY_REASON
-    from autotune.study import queue_retry
+    from autotune.study.lifecycle import queue_retry
+    from autotune.tuning.objective import COLD_RETRY_REASON
 
     study = make_study(n=2, seed=3)
     cold = study.ask({"max_num_seqs": IntDistribution(16, 1024, log=True)})

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import optuna
 
-from autotune.config import StudySettings
-from autotune.objective import Objective
-from autotune.search_space import load_space
-from autotune.study import ROLE_ATTR, enqueue_config
+from autotune.space.load import load_space
+from autotune.study.lifecycle import ROLE_ATTR, enqueue_config
+from autotune.study.settings import StudySettings
+from autotune.tuning.objective import Objective
 
 
 def test_an_enqueued_config_runs_as_written_with_defaults_for_the_rest(engine, tmp_path: Path):

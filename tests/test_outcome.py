@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from autotune.outcome import Outcome, classify
+from autotune.trial.outcome import Outcome, classify
 
 CPU_KV_TOO_SMALL = (
     "[rank0]: ValueError: To serve at least one request with the model's max seq len (512), "

@@ -15,8 +15,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.runner import group_members
-from autotune.study import RETRY_ATTR, UNCOUNTED, counted_trials
+from autotune.study.lifecycle import RETRY_ATTR, UNCOUNTED, counted_trials
+from autotune.trial.runner import group_members
 from tests.helpers import fake_trials, objective_for, worker_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -107,11 +107,11 @@ def test_two_workers_with_parallel_slots_keep_the_budget_exact(
     replaced by a sleep; what is tested is the bookkeeping around it."""
     import threading
 
-    from autotune.objective import TrialFailed
-    from autotune.placement import SlotPool, plan_slots
-    from autotune.progress import Progress
-    from autotune.search_space import build_space
-    from autotune.storage import open_storage
+    from autotune.space.load import build_space
+    from autotune.study.storage import open_storage
+    from autotune.tuning.objective import TrialFailed
+    from autotune.tuning.placement import SlotPool, plan_slots
+    from autotune.tuning.progress import Progress
 
     fake_trials(monkeypatch, sleep_s=0.3)
     name = f"threads-{uuid.uuid4().hex[:8]}"

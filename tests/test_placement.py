@@ -9,13 +9,13 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import StudySettings
 from autotune.errors import PlacementError
-from autotune.objective import Objective
-from autotune.outcome import Outcome, TrialResult
-from autotune.placement import PORT_BASE, PORT_STRIDE, SlotPool, parse_gpus, plan_slots
-from autotune.runner import TrialSpec
-from autotune.search_space import build_space
+from autotune.space.load import build_space
+from autotune.study.settings import StudySettings
+from autotune.trial.outcome import Outcome, TrialResult
+from autotune.trial.runner import TrialSpec
+from autotune.tuning.objective import Objective
+from autotune.tuning.placement import PORT_BASE, PORT_STRIDE, SlotPool, parse_gpus, plan_slots
 from tests.helpers import fake_trials, objective_for
 
 EIGHT = list(range(8))
@@ -104,7 +104,7 @@ def test_parallel_trials_each_get_a_slot_of_their_own(engine, tmp_path: Path, mo
             running.discard(gpus)
         return TrialResult(outcome=Outcome.SUCCESS, metrics={"output_tokens_per_s": 1.0})
 
-    monkeypatch.setattr("autotune.objective.run_trial", fake_run_trial)
+    monkeypatch.setattr("autotune.tuning.objective.run_trial", fake_run_trial)
     slots = plan_slots([0, 1, 2, 3], 1, visible=EIGHT, platform="cuda")
     objective = Objective(
         settings=StudySettings(

@@ -5,7 +5,7 @@ import time
 import optuna
 import pytest
 
-from autotune.progress import Progress
+from autotune.tuning.progress import Progress
 
 
 def _study() -> optuna.Study:
@@ -61,7 +61,7 @@ def test_time_budget_starts_no_trial_that_would_overrun():
 def _timed_objective(monkeypatch, walls: list[float]):
     """An objective whose trials take ``walls`` seconds each on a fake clock that starts at 0."""
     clock = [0.0]
-    monkeypatch.setattr("autotune.progress.time.time", lambda: clock[0])
+    monkeypatch.setattr("autotune.tuning.progress.time.time", lambda: clock[0])
     lengths = iter(walls)
 
     def objective(trial: optuna.Trial) -> float:
@@ -82,7 +82,7 @@ def test_time_budget_is_not_spent_by_a_cold_first_trial(monkeypatch):
 
 
 def test_a_study_from_before_stored_budgets_gets_the_default():
-    from autotune.study import BUDGET_ATTR, DEFAULT_TRIALS, budget
+    from autotune.study.lifecycle import BUDGET_ATTR, DEFAULT_TRIALS, budget
 
     study = _study()
     assert budget(study) == DEFAULT_TRIALS  # not 0: "17 of 0 trials done" on the H200
@@ -107,10 +107,10 @@ def test_a_resumed_study_judges_the_time_left_by_its_earlier_trials(monkeypatch)
 
 
 def test_a_short_measurement_is_flagged_once(monkeypatch):
-    import autotune.progress
+    import autotune.tuning.progress
 
     warnings: list[str] = []
-    monkeypatch.setattr(autotune.progress._logger, "warning", lambda msg, *a: warnings.append(msg % a))
+    monkeypatch.setattr(autotune.tuning.progress._logger, "warning", lambda msg, *a: warnings.append(msg % a))
     study = _study()
 
     def objective(trial: optuna.Trial) -> float:
@@ -126,7 +126,7 @@ def test_a_fresh_studys_cold_first_trial_is_not_taken_for_what_trials_cost(monke
     # the H200, a fresh 1B study, --time-budget 400: the baseline took 200 s, 146 s of them a cold
     # engine start; warm trials took ~70 s. Judged by the cold 200 s, the run stopped after it.
     clock = [0.0]
-    monkeypatch.setattr("autotune.progress.time.time", lambda: clock[0])
+    monkeypatch.setattr("autotune.tuning.progress.time.time", lambda: clock[0])
 
     def objective(trial: optuna.Trial) -> float:
         cold = trial.number == 0
@@ -145,7 +145,7 @@ def test_with_parallel_slots_a_trial_is_as_long_as_its_own_wall(monkeypatch):
     # two slots, both cold (146 s starts), ending 5 s apart: each is predicted from its own wall
     # with a warm start (105 s), not from the 5 s between the two ends
     clock = [0.0]
-    monkeypatch.setattr("autotune.progress.time.time", lambda: clock[0])
+    monkeypatch.setattr("autotune.tuning.progress.time.time", lambda: clock[0])
     ends = iter([200.0, 205.0, 280.0, 285.0, 360.0, 365.0])
 
     def objective(trial: optuna.Trial) -> float:

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autotune.errors import SearchSpaceError, WorkloadError
-from autotune.search_space import build_space
-from autotune.workload import load_requests, parse_workload
+from autotune.space.load import build_space
+from autotune.trial.workload import load_requests, parse_workload
 
 PROPERTY = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -14,8 +14,8 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from autotune.importance import compute_importance, trial_table
-from autotune.report import ReportError, render_report, scatter_figure, write_report
+from autotune.analysis.importance import compute_importance, trial_table
+from autotune.output.report import ReportError, render_report, scatter_figure, write_report
 from tests.synthetic import DISTRIBUTIONS, draw, make_study
 
 FAST = {"n_estimators": 30, "n_repeats": 2, "n_permutations": 1, "n_jobs": 1}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.outcome import Outcome
-from autotune.runner import TrialSpec, group_members, run_trial
+from autotune.trial.outcome import Outcome
+from autotune.trial.runner import TrialSpec, group_members, run_trial
 from tests.helpers import worker_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -55,7 +55,7 @@ def test_a_stop_request_ends_a_trial_waiting_in_another_thread(tmp_path: Path, t
     import threading
     import time
 
-    from autotune.runner import request_stop, stop_requests
+    from autotune.trial.runner import request_stop, stop_requests
 
     spec = _endless_spec(tmp_path, tiny_model, timeout_s=600)
     raised: list[BaseException] = []

@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 from autotune.errors import SearchSpaceError
-from autotune.search_space import build_space, load_space
+from autotune.space.load import build_space, load_space
 
 BASE = {"parameters": {"max_num_seqs": {"type": "int", "low": 8, "high": 256, "log": True}}}
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import StorageError
-from autotune.storage import check_study_name, open_storage, redact
+from autotune.study.storage import check_study_name, open_storage, redact
 
 
 @pytest.mark.parametrize("name", ["../evil", "a/b", "", ".hidden", "x" * 200, "a..b"])

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import WorkloadError
-from autotune.workload import load_requests, parse_workload
+from autotune.trial.workload import load_requests, parse_workload
 
 
 def test_synthetic_spec():

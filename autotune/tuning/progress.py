@@ -11,8 +11,8 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
-from autotune.outcome import engine_start_s
-from autotune.study import DUPLICATE_ATTR, ROLE_ATTR, baseline_trial, best_trial, counted_trials
+from autotune.study.lifecycle import DUPLICATE_ATTR, ROLE_ATTR, baseline_trial, best_trial, counted_trials
+from autotune.trial.outcome import engine_start_s
 
 _logger = get_logger(__name__)
 
@@ -35,7 +35,7 @@ class Progress:
     """Optuna callback: logs each trial, stops the study once its ``budget`` is used up.
 
     The budget is the study's (all workers together): trials counted in storage by
-    :func:`autotune.study.counted_trials`. Configs skipped by a constraint (no engine started)
+    :func:`autotune.study.lifecycle.counted_trials`. Configs skipped by a constraint (no engine started)
     and interrupted trials don't use it up; after
     ``max_consecutive_skips`` of them in a row the run stops, since the constraints then rule
     out nearly everything the sampler proposes.

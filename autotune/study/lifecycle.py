@@ -9,8 +9,8 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
-from autotune.config import StudySettings
 from autotune.errors import StudyError
+from autotune.study.settings import StudySettings
 
 _logger = get_logger(__name__)
 SETTINGS_ATTR = "autotune"

@@ -1,7 +1,7 @@
 """What the installed vLLM accepts: its ``EngineArgs`` fields and their ``vllm serve`` flags.
 
 The parent process never imports vLLM (only the trial worker does), so the description comes from
-``python -m autotune.worker --describe`` once and is cached per vLLM installation.
+``python -m autotune.trial.worker --describe`` once and is cached per vLLM installation.
 """
 
 from __future__ import annotations
@@ -94,13 +94,13 @@ def describe_engine(*, use_cache: bool = True, timeout_s: float = 300.0) -> Engi
             _logger.debug("ignoring unreadable engine description cache %s", cache)
     _logger.info("reading the engine arguments of %s %s (once per installation)", dist, version)
     proc = subprocess.run(
-        [sys.executable, "-m", "autotune.worker", "--describe"],
+        [sys.executable, "-m", "autotune.trial.worker", "--describe"],
         capture_output=True,
         text=True,
         timeout=timeout_s,
         check=False,
     )
-    from autotune.protocol import parse
+    from autotune.trial.protocol import parse
 
     event = next((e for e in parse(proc.stdout.splitlines()) if e["event"] == "describe"), None)
     if proc.returncode != 0 or event is None:

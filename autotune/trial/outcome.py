@@ -113,7 +113,7 @@ def classify(
     Args:
         returncode: The worker's exit status (negative: killed by that signal), None if unknown.
         timed_out: The parent killed the worker at the trial timeout.
-        events: The worker's protocol events (see :mod:`autotune.protocol`).
+        events: The worker's protocol events (see :mod:`autotune.trial.protocol`).
         stderr_tail: The end of the worker's stderr (and stdout), where root causes are printed.
 
     Returns:

@@ -22,8 +22,10 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,17 +33,21 @@ import yaml
 
 from autotune.errors import SearchSpaceError
 
+if sys.version_info >= (3, 11):
+    from importlib.resources.abc import Traversable
+else:  # pragma: no cover
+    from importlib.abc import Traversable
+
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.engine_info import EngineInfo
+    from autotune.space.engine_args import EngineInfo
 
 ParamType = Literal["int", "float", "categorical", "bool"]
 _TYPES: tuple[str, ...] = ("int", "float", "categorical", "bool")
 _KEYS = {"type", "low", "high", "log", "step", "choices", "optional"}
 #: Engine args the tuner sets itself or that make no sense to search.
 _RESERVED = {"model"}
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(<=|>=|<|>|==|!=)\s*([A-Za-z_]\w*|-?\d+(?:\.\d+)?)\s*$")
 
 
@@ -129,17 +135,23 @@ class SearchSpace:
         }
 
 
-def resolve_space_path(space: str | Path | None) -> Path:
+def bundled_spaces() -> dict[str, Traversable]:
+    """The search spaces shipped inside the package (``autotune/space/spaces/*.yaml``), by name."""
+    root = resources.files("autotune.space") / "spaces"
+    return {p.name.removesuffix(".yaml"): p for p in root.iterdir() if p.name.endswith(".yaml")}
+
+
+def resolve_space_path(space: str | Path | None) -> Path | Traversable:
     """A space given by name (``throughput``) or path; the default is ``throughput``."""
     if space is None:
         space = "throughput"
     p = Path(space).expanduser()
     if p.is_file():
         return p
-    named = SPACES_DIR / f"{space}.yaml"
-    if named.is_file():
-        return named
-    known = ", ".join(sorted(x.stem for x in SPACES_DIR.glob("*.yaml")))
+    bundled = bundled_spaces()
+    if str(space) in bundled:
+        return bundled[str(space)]
+    known = ", ".join(sorted(bundled)) or "none: the package was installed without its data files"
     raise SearchSpaceError(f"--space {space}: no such file, and no bundled space of that name ({known})")
 
 
@@ -171,7 +183,9 @@ def load_space(
         raise SearchSpaceError(f"{path}: malformed YAML{where}: {problem}") from None
     except OSError as e:
         raise SearchSpaceError(f"{path}: cannot read: {e}") from None
-    return build_space(raw, engine, source=str(path), gpus=gpus, extra_fixed=extra_fixed, name=path.stem)
+    return build_space(
+        raw, engine, source=str(path), gpus=gpus, extra_fixed=extra_fixed, name=Path(path.name).stem
+    )
 
 
 def build_space(

@@ -15,27 +15,12 @@ import optuna
 
 from autotune._logging import get_logger
 from autotune.atomic import write_text_atomic
-from autotune.config import StudySettings
-from autotune.constraints import check_feasible
-from autotune.engine_info import EngineInfo, describe_engine
 from autotune.errors import StudyError
-from autotune.export import ratio
-from autotune.lock import study_lock
-from autotune.model_ref import check_model
-from autotune.objective import Objective, TrialFailed
-from autotune.placement import SlotPool, plan_slots
-from autotune.progress import SHORT_MEASUREMENT_S, Progress
-from autotune.runner import stop_requests
-from autotune.search_space import SearchSpace, build_space, load_space
-from autotune.storage import (
-    DEFAULT_HEARTBEAT_S,
-    GRACE_HEARTBEATS,
-    check_study_name,
-    default_url,
-    open_storage,
-    redact,
-)
-from autotune.study import (
+from autotune.output.export import ratio
+from autotune.space.constraints import check_feasible
+from autotune.space.engine_args import EngineInfo, describe_engine
+from autotune.space.load import SearchSpace, build_space, load_space
+from autotune.study.lifecycle import (
     BUDGET_ATTR,
     DEFAULT_TRIALS,
     HEARTBEAT_ATTR,
@@ -52,8 +37,23 @@ from autotune.study import (
     retry_stale,
     stored_settings,
 )
-from autotune.telemetry import gpu_names, visible_device_ids
-from autotune.workload import WorkloadSpec, load_requests, parse_workload
+from autotune.study.lock import study_lock
+from autotune.study.settings import StudySettings
+from autotune.study.storage import (
+    DEFAULT_HEARTBEAT_S,
+    GRACE_HEARTBEATS,
+    check_study_name,
+    default_url,
+    open_storage,
+    redact,
+)
+from autotune.trial.model_ref import check_model
+from autotune.trial.runner import stop_requests
+from autotune.trial.telemetry import gpu_names, visible_device_ids
+from autotune.trial.workload import WorkloadSpec, load_requests, parse_workload
+from autotune.tuning.objective import Objective, TrialFailed
+from autotune.tuning.placement import SlotPool, plan_slots
+from autotune.tuning.progress import SHORT_MEASUREMENT_S, Progress
 
 _logger = get_logger(__name__)
 DEFAULT_WORKLOAD = "synthetic:count=1000,input_len=256,output_len=256"

@@ -19,17 +19,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune._logging import get_logger
+from autotune.analysis.records import TrialRow, show_doc, trial_rows
 from autotune.atomic import write_text_atomic
 from autotune.errors import AutotuneError
-from autotune.inspect import TrialRow, show_doc, trial_rows
-from autotune.study import SETTINGS_ATTR, baseline_trial, best_trial
+from autotune.study.lifecycle import SETTINGS_ATTR, baseline_trial, best_trial
 
 if TYPE_CHECKING:
     import optuna
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from autotune.importance import ImportanceReport, ModelImportance, TrialTable
+    from autotune.analysis.importance import ImportanceReport, ModelImportance, TrialTable
 
 _logger = get_logger(__name__)
 #: How many of the most important parameters get a "objective vs parameter" panel.
@@ -595,12 +595,12 @@ def render_report(
         study: An autotune study.
         storage: The (redacted) storage URL, shown in the header.
         importance: A computed importance report; computed here when None.
-        importance_kwargs: Passed to :func:`autotune.importance.compute_importance`.
+        importance_kwargs: Passed to :func:`autotune.analysis.importance.compute_importance`.
 
     Raises:
         ReportError: matplotlib is not installed, or the study is not an autotune study.
     """
-    from autotune.importance import ImportanceError, compute_importance, trial_table
+    from autotune.analysis.importance import ImportanceError, compute_importance, trial_table
 
     if not isinstance(study.user_attrs.get(SETTINGS_ATTR), dict):
         raise ReportError(f"study {study.study_name!r} was not made by vllm-autotune (no settings stored)")

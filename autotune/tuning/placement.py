@@ -64,7 +64,7 @@ def plan_slots(
     Args:
         gpus: ``--gpus`` (NVML indices), or None for every GPU this process sees.
         per_trial: ``--gpus-per-trial``, or None for all of them (one trial at a time).
-        visible: NVML indices this process may use (:func:`autotune.telemetry.visible_device_ids`).
+        visible: NVML indices this process may use (:func:`autotune.trial.telemetry.visible_device_ids`).
         platform: vLLM's platform; ``cpu`` runs one trial at a time on no GPU.
 
     Raises:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune._logging import get_logger
 from autotune.errors import AutotuneError, StorageError, StudyError
-from autotune.study import (
+from autotune.study.lifecycle import (
     DUPLICATE_ATTR,
     RETRY_ATTR,
     RETRY_REASON_ATTR,
@@ -262,7 +262,7 @@ def list_studies(urls: Sequence[str]) -> list[StudySummary]:
     """
     import optuna
 
-    from autotune.storage import open_storage, redact
+    from autotune.study.storage import open_storage, redact
 
     out: list[StudySummary] = []
     for url in urls:
@@ -344,8 +344,8 @@ def open_study(name: str, storage: str | None, studies_dir: Path) -> tuple[optun
     Raises:
         StudyError: no such study (the message says where it looked and how to point elsewhere).
     """
-    from autotune.storage import check_study_name, default_url, open_storage, redact
-    from autotune.study import load_existing
+    from autotune.study.lifecycle import load_existing
+    from autotune.study.storage import check_study_name, default_url, open_storage, redact
 
     name = check_study_name(name)
     url = storage or default_url(name, studies_dir)
@@ -361,7 +361,7 @@ def open_study(name: str, storage: str | None, studies_dir: Path) -> tuple[optun
 
 
 def _describe_param(name: str, spec: dict[str, Any]) -> str:
-    from autotune.search_space import ParamSpec
+    from autotune.space.load import ParamSpec
 
     try:
         p = ParamSpec(
@@ -380,7 +380,7 @@ def _describe_param(name: str, spec: dict[str, Any]) -> str:
 
 def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
     """One study as a JSON-able dict: settings, best vs baseline, trials."""
-    from autotune.workload import WorkloadSpec
+    from autotune.trial.workload import WorkloadSpec
 
     settings = study.user_attrs.get(SETTINGS_ATTR) or {}
     summary = summarize_study(study, storage)

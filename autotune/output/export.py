@@ -12,9 +12,9 @@ from typing import Any
 import optuna
 
 from autotune.atomic import write_json_atomic
-from autotune.engine_info import EngineInfo
 from autotune.errors import StudyError
-from autotune.study import ROLE_ATTR, baseline_trial, best_trial, stored_settings
+from autotune.space.engine_args import EngineInfo
+from autotune.study.lifecycle import ROLE_ATTR, baseline_trial, best_trial, stored_settings
 
 FORMAT_VERSION = 1
 
@@ -56,13 +56,13 @@ def build_export(
     """The export document for the study's best trial.
 
     Args:
-        importance: The ``importance`` entry (:func:`autotune.importance.export_importance`);
+        importance: The ``importance`` entry (:func:`autotune.analysis.importance.export_importance`);
             computed here when None.
 
     Raises:
         StudyError: no trial of the study completed.
     """
-    from autotune.importance import importance_section
+    from autotune.analysis.importance import importance_section
 
     settings = stored_settings(study)
     try:

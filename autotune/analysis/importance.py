@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from autotune._logging import get_logger
+from autotune.analysis.records import resolved_value
 from autotune.errors import AutotuneError
-from autotune.inspect import resolved_value
-from autotune.study import ROLE_ATTR, SETTINGS_ATTR
+from autotune.study.lifecycle import ROLE_ATTR, SETTINGS_ATTR
 
 if TYPE_CHECKING:
     import optuna
@@ -234,12 +234,12 @@ def infeasible_kind(trial: optuna.trial.FrozenTrial) -> str | None:
     """``oom`` or ``invalid`` when the trial shows the config cannot run; None otherwise.
 
     A crash whose stored error reads as an OOM or an invalid config under today's patterns
-    (:mod:`autotune.outcome`) counts as that: studies recorded before a pattern existed keep
+    (:mod:`autotune.trial.outcome`) counts as that: studies recorded before a pattern existed keep
     their evidence. Trials the space's own constraints skipped never ran and return None.
     """
     import optuna
 
-    from autotune.outcome import Outcome, classify
+    from autotune.trial.outcome import Outcome, classify
 
     if trial.state not in (optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL):
         return None
@@ -289,7 +289,7 @@ def trial_table(study: optuna.Study) -> TrialTable:
     """
     import optuna
 
-    from autotune.study import DUPLICATE_ATTR, baseline_trial
+    from autotune.study.lifecycle import DUPLICATE_ATTR, baseline_trial
 
     base = baseline_trial(study)
     defaults = dict(base.user_attrs.get("engine") or {}) if base is not None else {}
@@ -322,7 +322,7 @@ def trial_table(study: optuna.Study) -> TrialTable:
             kind = what.split(":", 1)[1]
             notes.append(
                 f"{n} failed trial(s) counted as {kind}: recorded as crashes, their stored error "
-                f"matches today's {kind} patterns (autotune.outcome)"
+                f"matches today's {kind} patterns (autotune.trial.outcome)"
             )
         else:
             notes.append(
@@ -645,7 +645,7 @@ def fanova_importance(
     import optuna
     from optuna.importance import FanovaImportanceEvaluator
 
-    from autotune.study import DUPLICATE_ATTR
+    from autotune.study.lifecycle import DUPLICATE_ATTR
 
     trials = [
         t

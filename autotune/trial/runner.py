@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune import protocol
+from autotune.trial import protocol
 from autotune._logging import get_logger
 from autotune.atomic import write_json_atomic
-from autotune.outcome import Outcome, TrialResult, classify
-from autotune.telemetry import GpuSampler, wait_for_idle_gpus
+from autotune.trial.outcome import Outcome, TrialResult, classify
+from autotune.trial.telemetry import GpuSampler, wait_for_idle_gpus
 
 _logger = get_logger(__name__)
 _TAIL_BYTES = 64 * 1024
@@ -167,7 +167,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     timed_out = False
     with out_path.open("ab") as out, err_path.open("ab") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.worker", str(spec_path)],
+            [sys.executable, "-m", "autotune.trial.worker", str(spec_path)],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,

@@ -1,11 +1,11 @@
-"""The trial worker: ``python -m autotune.worker SPEC.json`` runs one real vLLM benchmark.
+"""The trial worker: ``python -m autotune.trial.worker SPEC.json`` runs one real vLLM benchmark.
 
 This is the only module that imports vLLM. It runs in its own process (and process session),
-started by :mod:`autotune.runner`, and reports through :mod:`autotune.protocol` on stdout:
+started by :mod:`autotune.trial.runner`, and reports through :mod:`autotune.trial.protocol` on stdout:
 validate the config with vLLM's own checks, start ``LLM(**engine_kwargs)``, warm up, time one
 ``generate()`` over the whole workload, report the metrics, shut the engine down.
 
-``python -m autotune.worker --describe`` prints the installed vLLM's engine arguments instead.
+``python -m autotune.trial.worker --describe`` prints the installed vLLM's engine arguments instead.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from autotune import protocol
+from autotune.trial import protocol
 
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "str"}
 
@@ -60,7 +60,7 @@ def describe() -> dict[str, Any]:
     from vllm.platforms import current_platform
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from autotune.engine_info import installed_distribution
+    from autotune.space.engine_args import installed_distribution
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     actions = {a.dest: a for a in parser._actions}
@@ -182,7 +182,7 @@ def _fit(requests: list[tuple[Any, int]], tokenizer: Any, max_model_len: int) ->
 
 
 def run(spec: dict[str, Any]) -> int:
-    """Run one trial described by ``spec`` (see :mod:`autotune.runner`); returns the exit code."""
+    """Run one trial described by ``spec`` (see :mod:`autotune.trial.runner`); returns the exit code."""
     protocol.emit("phase", phase="import", t=time.time())
     import vllm
     from vllm import LLM, SamplingParams
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         protocol.emit("describe", info=describe())
         return 0
     if len(argv) != 1:
-        print("usage: python -m autotune.worker SPEC.json | --describe", file=sys.stderr)
+        print("usage: python -m autotune.trial.worker SPEC.json | --describe", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     try:

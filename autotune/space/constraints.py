@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.errors import SearchSpaceError
-from autotune.search_space import Constraint, SearchSpace
+from autotune.space.load import Constraint, SearchSpace
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<=": operator.le,

@@ -16,14 +16,10 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
-from autotune.config import StudySettings
-from autotune.constraints import violations
 from autotune.errors import AutotuneError
-from autotune.outcome import Outcome, TrialResult, engine_start_s
-from autotune.placement import Slot, SlotPool
-from autotune.runner import TrialSpec, run_trial, write_skipped
-from autotune.search_space import SearchSpace
-from autotune.study import (
+from autotune.space.constraints import violations
+from autotune.space.load import SearchSpace
+from autotune.study.lifecycle import (
     CONFIG_ATTR,
     DUPLICATE_ATTR,
     RETRY_REASON_ATTR,
@@ -32,6 +28,10 @@ from autotune.study import (
     over_budget,
     queue_retry,
 )
+from autotune.study.settings import StudySettings
+from autotune.trial.outcome import Outcome, TrialResult, engine_start_s
+from autotune.trial.runner import TrialSpec, run_trial, write_skipped
+from autotune.tuning.placement import Slot, SlotPool
 
 _logger = get_logger(__name__)
 

@@ -1,0 +1,1 @@
+"""The demo's tiny random-weight Llama, built locally (imports torch and transformers)."""
