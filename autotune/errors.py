@@ -37,3 +37,11 @@ class EngineError(AutotuneError):
 
 class PlacementError(AutotuneError):
     """``--gpus`` / ``--gpus-per-trial`` don't describe a usable split of this machine's GPUs."""
+
+
+class ImportanceError(AutotuneError):
+    """Parameter importance cannot be computed (a missing dependency, an unusable study)."""
+
+
+class ReportError(AutotuneError):
+    """The report cannot be built (matplotlib missing, a study vllm-autotune did not make)."""

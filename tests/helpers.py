@@ -37,14 +37,14 @@ def worker_pid(trial_dir: Path) -> int:
 def fake_trials(monkeypatch, value=lambda spec: 1.0, sleep_s: float = 0.0) -> list:
     """Replace the trial process by a success worth ``value(spec)`` (after ``sleep_s``), for
     tests of the bookkeeping around trials; returns the specs "run", in order."""
-    from autotune.trial.outcome import Outcome, TrialResult
+    from autotune.trial.record import Outcome, TrialRecord
 
     ran: list = []
 
     def run_trial(spec):
         time.sleep(sleep_s)
         ran.append(spec)
-        return TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": value(spec)})
+        return TrialRecord(Outcome.SUCCESS, {"output_tokens_per_s": value(spec)})
 
     monkeypatch.setattr("autotune.tuning.objective.run_trial", run_trial)
     return ran

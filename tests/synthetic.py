@@ -13,8 +13,8 @@ import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autotune.study.lifecycle import ROLE_ATTR, SETTINGS_ATTR
-from autotune.study.settings import StudySettings
+from autotune.study.settings import SETTINGS_ATTR, StudySettings
+from autotune.trial.record import ROLE_ATTR
 
 DISTRIBUTIONS: dict[str, Any] = {
     "max_num_seqs": IntDistribution(16, 1024, log=True),

@@ -9,8 +9,10 @@ import optuna
 import pytest
 
 from autotune.space.load import build_space
-from autotune.study.lifecycle import RETRY_ATTR, ROLE_ATTR, counted_trials, over_budget, retry_stale
+from autotune.study.budget import counted_trials, over_budget
+from autotune.study.recovery import retry_stale
 from autotune.study.storage import open_storage
+from autotune.trial.record import RETRY_ATTR, ROLE_ATTR
 from autotune.tuning.objective import OverBudget
 from tests.helpers import fake_trials, objective_for
 
@@ -98,8 +100,8 @@ def test_a_worker_that_starts_past_the_budget_runs_nothing_and_keeps_the_queue(
 
 
 def test_a_config_measured_already_is_answered_not_run_again(engine, tmp_path: Path, monkeypatch):
-    from autotune.study.lifecycle import DUPLICATE_ATTR
-    from autotune.tuning.progress import Progress
+    from autotune.trial.record import DUPLICATE_ATTR
+    from autotune.tuning.stopping import StopRules
 
     ran = fake_trials(monkeypatch, value=lambda spec: 10.0 + spec.engine_kwargs["enable_prefix_caching"])
     space = build_space(
@@ -108,7 +110,7 @@ def test_a_config_measured_already_is_answered_not_run_again(engine, tmp_path: P
     objective = objective_for(space, tmp_path)
     study = _study(tmp_path)
     study.sampler = optuna.samplers.RandomSampler(seed=0)  # seeded: both values in the first two
-    progress = Progress(budget=100, objective="x", show_bar=False, max_consecutive_repeats=10)
+    progress = StopRules(budget=100, max_consecutive_repeats=10)
     study.optimize(objective, n_trials=60, callbacks=[progress])
     launched = [spec.engine_kwargs for spec in ran]
     assert len(launched) == 2 and {kw["enable_prefix_caching"] for kw in launched} == {False, True}
@@ -123,22 +125,22 @@ def test_a_config_measured_already_is_answered_not_run_again(engine, tmp_path: P
 
 
 def _timeout(start: float, warmup: float | None, wall: float = 200.0):
-    from autotune.trial.outcome import Outcome, TrialResult
+    from autotune.trial.record import Outcome, TrialRecord
 
     phases = {"import": 0.0, "validate": 21.4, "engine_start": start}
     if warmup is not None:
         phases.update(warmup=warmup, generate=warmup + 0.1)
-    return TrialResult(Outcome.TIMEOUT, error_type="timeout", error="killed", wall_s=wall, phases=phases)
+    return TrialRecord(Outcome.TIMEOUT, error_type="timeout", error="killed", wall_s=wall, phases_s=phases)
 
 
 def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, tmp_path: Path, monkeypatch):
-    from autotune.trial.outcome import Outcome, TrialResult
+    from autotune.trial.record import Outcome, TrialRecord
 
     # the H200 case: 21 s import, 26 s validate, 146 s cold engine start, killed at 200 s in its
     # generate phase
     results = [
         _timeout(47.5, 193.5),
-        TrialResult(Outcome.SUCCESS, {"output_tokens_per_s": 5.0}, wall_s=60.0, phases={}),
+        TrialRecord(Outcome.SUCCESS, {"output_tokens_per_s": 5.0}, wall_s=60.0, phases_s={}),
         _timeout(47.5, 193.5),
     ]
     monkeypatch.setattr("autotune.tuning.objective.run_trial", lambda spec: results.pop(0))
@@ -155,7 +157,8 @@ def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, t
 
 
 def test_a_cold_retry_is_once_and_only_for_a_timeout_spent_starting(engine, tmp_path: Path, monkeypatch):
-    from autotune.study.lifecycle import RETRY_REASON_ATTR, queue_retry
+    from autotune.study.recovery import queue_retry
+    from autotune.trial.record import RETRY_REASON_ATTR
 
     study = _study(tmp_path)
     # a baseline the user Ctrl-C'd in its slow cold start: queued again as interrupted

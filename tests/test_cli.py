@@ -130,8 +130,7 @@ def test_bad_gpu_and_heartbeat_flags(studies, tiny_model, flags, needle):
 def test_export_of_a_study_without_a_finished_trial(tmp_path):
     import optuna
 
-    from autotune.study.lifecycle import SETTINGS_ATTR
-    from autotune.study.settings import StudySettings
+    from autotune.study.settings import SETTINGS_ATTR, StudySettings
 
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
     study.set_user_attr(SETTINGS_ATTR, StudySettings(model="m", workload={}, space={}).to_dict())

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from autotune.space.constraints import violations
-from autotune.space.load import Constraint
+from autotune.space.spec import Constraint
 
 
 def test_batched_tokens_must_cover_seqs():

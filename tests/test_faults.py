@@ -126,6 +126,7 @@ def test_a_database_error_during_a_run_is_one_line(monkeypatch, capsys):
     from sqlalchemy.exc import OperationalError
 
     from autotune import cli
+    from autotune.cli import _commands
 
     def locked(args):
         try:
@@ -133,7 +134,7 @@ def test_a_database_error_during_a_run_is_one_line(monkeypatch, capsys):
         except OperationalError as e:
             raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.") from e
 
-    monkeypatch.setattr(cli, "cmd_show", locked)
+    monkeypatch.setattr(_commands, "cmd_show", locked)
     assert cli.main(["show", "--study", "s"]) == 2
     err = capsys.readouterr().err
     assert "database is locked; another process holds the SQLite database" in err

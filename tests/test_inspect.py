@@ -9,16 +9,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.analysis.records import (
-    format_list,
-    format_show,
-    list_studies,
-    open_study,
-    show_doc,
-    storage_urls,
-    trial_rows,
-)
+from autotune.analysis.records import trial_rows
 from autotune.errors import StudyError
+from autotune.output.listing import format_list, list_studies, storage_urls
+from autotune.output.show import format_show, show_doc
+from autotune.study.lifecycle import open_study
 from tests.synthetic import DEFAULTS, make_study
 
 H200_DB = Path(__file__).resolve().parent.parent / "benchmarks/results/h200-2026-12-02/h200-llama2-7b.db"
@@ -107,7 +102,8 @@ def test_show_the_real_h200_study(tmp_path):
 def test_show_says_which_trials_were_lost_retried_or_repeats():
     from optuna.distributions import IntDistribution
 
-    from autotune.study.lifecycle import DUPLICATE_ATTR, retry_stale
+    from autotune.study.recovery import retry_stale
+    from autotune.trial.record import DUPLICATE_ATTR
 
     study = make_study(n=2, seed=3)
     dist = {"max_num_seqs": IntDistribution(16, 1024, log=True)}
@@ -133,7 +129,7 @@ def test_show_says_which_trials_were_lost_retried_or_repeats():
 def test_show_says_a_timed_out_trial_ran_again():
     from optuna.distributions import IntDistribution
 
-    from autotune.study.lifecycle import queue_retry
+    from autotune.study.recovery import queue_retry
     from autotune.tuning.objective import COLD_RETRY_REASON
 
     study = make_study(n=2, seed=3)

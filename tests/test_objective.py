@@ -5,8 +5,9 @@ from pathlib import Path
 import optuna
 
 from autotune.space.load import load_space
-from autotune.study.lifecycle import ROLE_ATTR, enqueue_config
+from autotune.study.lifecycle import enqueue_config
 from autotune.study.settings import StudySettings
+from autotune.trial.record import ROLE_ATTR
 from autotune.tuning.objective import Objective
 
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.study.lifecycle import RETRY_ATTR, UNCOUNTED, counted_trials
-from autotune.trial.runner import group_members
+from autotune.study.budget import counted_trials
+from autotune.trial.process import group_members
+from autotune.trial.record import RETRY_ATTR, UNCOUNTED
 from tests.helpers import fake_trials, objective_for, worker_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -111,7 +112,7 @@ def test_two_workers_with_parallel_slots_keep_the_budget_exact(
     from autotune.study.storage import open_storage
     from autotune.tuning.objective import TrialFailed
     from autotune.tuning.placement import SlotPool, plan_slots
-    from autotune.tuning.progress import Progress
+    from autotune.tuning.stopping import StopRules
 
     fake_trials(monkeypatch, sleep_s=0.3)
     name = f"threads-{uuid.uuid4().hex[:8]}"
@@ -127,7 +128,7 @@ def test_two_workers_with_parallel_slots_keep_the_budget_exact(
         study = optuna.load_study(study_name=name, storage=open_storage(postgres_url, heartbeat_s=1))
         slots = plan_slots([2 * k, 2 * k + 1], 1, visible=list(range(4)), platform="cuda")
         objective = objective_for(space, tmp_path / str(k), pool=SlotPool(slots), budget=budget)
-        progress = Progress(budget=budget, objective="x", show_bar=False, parallel=2)
+        progress = StopRules(budget=budget, parallel=2)
         study.optimize(objective, n_jobs=2, callbacks=[progress], catch=(TrialFailed,))
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in (0, 1)]

@@ -12,7 +12,7 @@ import pytest
 from autotune.errors import PlacementError
 from autotune.space.load import build_space
 from autotune.study.settings import StudySettings
-from autotune.trial.outcome import Outcome, TrialResult
+from autotune.trial.record import Outcome, TrialRecord
 from autotune.trial.runner import TrialSpec
 from autotune.tuning.objective import Objective
 from autotune.tuning.placement import PORT_BASE, PORT_STRIDE, SlotPool, parse_gpus, plan_slots
@@ -92,7 +92,7 @@ def test_parallel_trials_each_get_a_slot_of_their_own(engine, tmp_path: Path, mo
     overlaps: list[str] = []
     lock = threading.Lock()
 
-    def fake_run_trial(spec: TrialSpec) -> TrialResult:
+    def fake_run_trial(spec: TrialSpec) -> TrialRecord:
         gpus = spec.env["CUDA_VISIBLE_DEVICES"]
         with lock:
             if gpus in running:
@@ -102,7 +102,7 @@ def test_parallel_trials_each_get_a_slot_of_their_own(engine, tmp_path: Path, mo
         time.sleep(0.05)
         with lock:
             running.discard(gpus)
-        return TrialResult(outcome=Outcome.SUCCESS, metrics={"output_tokens_per_s": 1.0})
+        return TrialRecord(outcome=Outcome.SUCCESS, metrics={"output_tokens_per_s": 1.0})
 
     monkeypatch.setattr("autotune.tuning.objective.run_trial", fake_run_trial)
     slots = plan_slots([0, 1, 2, 3], 1, visible=EIGHT, platform="cuda")

@@ -13,8 +13,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.study.lifecycle import counted_trials
-from autotune.trial.runner import group_members
+from autotune.study.budget import counted_trials
+from autotune.trial.process import group_members
 from tests.helpers import autotune, worker_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from autotune.trial.outcome import Outcome
-from autotune.trial.runner import TrialSpec, group_members, run_trial
+from autotune.trial.process import group_members
+from autotune.trial.runner import TrialSpec, run_trial
 from tests.helpers import worker_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -42,7 +43,7 @@ def test_timeout_kills_the_process_group(tmp_path: Path, tiny_model: Path):
     result = run_trial(spec)
     assert result.outcome is Outcome.TIMEOUT
     assert result.error_type == "timeout"
-    assert "engine_start" in result.phases  # it got as far as the engine: a real hang, not a crash
+    assert "engine_start" in result.phases_s  # it got as far as the engine: a real hang, not a crash
     doc = json.loads((spec.trial_dir / "result.json").read_text())
     assert doc["outcome"] == "timeout"
     assert group_members(doc["pid"]) == []  # worker and engine-core children are all gone
@@ -55,7 +56,7 @@ def test_a_stop_request_ends_a_trial_waiting_in_another_thread(tmp_path: Path, t
     import threading
     import time
 
-    from autotune.trial.runner import request_stop, stop_requests
+    from autotune.trial.process import request_stop, stop_requests
 
     spec = _endless_spec(tmp_path, tiny_model, timeout_s=600)
     raised: list[BaseException] = []

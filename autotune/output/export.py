@@ -14,7 +14,9 @@ import optuna
 from autotune.atomic import write_json_atomic
 from autotune.errors import StudyError
 from autotune.space.engine_args import EngineInfo
-from autotune.study.lifecycle import ROLE_ATTR, baseline_trial, best_trial, stored_settings
+from autotune.study.settings import stored_settings
+from autotune.study.trials import baseline_trial, best_or_none, ratio, state_counts
+from autotune.trial.record import Role, TrialRecord
 
 FORMAT_VERSION = 1
 
@@ -65,39 +67,32 @@ def build_export(
     from autotune.analysis.importance import importance_section
 
     settings = stored_settings(study)
-    try:
-        best = best_trial(study)
-    except ValueError:
-        raise StudyError(
-            f"study {study.study_name!r} has no completed trial to export yet; run "
-            f"`autotune run --study {study.study_name}` first"
-        ) from None
+    best = exportable_best(study)
     base = baseline_trial(study)
-    kwargs = dict(best.user_attrs.get("engine_kwargs") or {"model": settings.model})
+    record = TrialRecord.of(best)
+    base_record = TrialRecord.of(base) if base is not None else None
+    kwargs = dict(record.engine_kwargs or {"model": settings.model})
     args = serve_args(kwargs, engine)
-    counts = {s.name: 0 for s in optuna.trial.TrialState}
-    for t in study.get_trials(deepcopy=False):
-        counts[t.state.name] += 1
     return {
         "format_version": FORMAT_VERSION,
         "study": study.study_name,
         "storage": storage_url,
         "trial_number": best.number,
-        "is_baseline": best.user_attrs.get(ROLE_ATTR) == "baseline",
+        "is_baseline": record.role is Role.BASELINE,
         "objective": settings.objective,
         "value": best.value,
         "engine_kwargs": kwargs,
         "vllm_serve_args": args,
         "vllm_serve_command": shlex.join(["vllm", "serve", str(kwargs.get("model")), *args]),
-        "metrics": best.user_attrs.get("metrics", {}),
-        "resolved_engine_config": best.user_attrs.get("engine", {}),
+        "metrics": _metrics(record),
+        "resolved_engine_config": record.engine,
         "baseline": None
-        if base is None
+        if base is None or base_record is None
         else {
             "trial_number": base.number,
             "value": base.value,
-            "metrics": base.user_attrs.get("metrics", {}),
-            "resolved_engine_config": base.user_attrs.get("engine", {}),
+            "metrics": _metrics(base_record),
+            "resolved_engine_config": base_record.engine,
         },
         "speedup_over_baseline": ratio(best.value, base.value if base is not None else None),
         "model": settings.model,
@@ -107,14 +102,34 @@ def build_export(
         "vllm_distribution": settings.distribution,
         "platform": settings.platform,
         "gpu": {"names": settings.gpus, "count": len(settings.gpus)},
-        "trials": {k: v for k, v in counts.items() if v},
+        "trials": state_counts(study),
         "importance": importance if importance is not None else importance_section(study),
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
 
-def ratio(value: float | None, reference: float | None) -> float | None:
-    return value / reference if value is not None and reference else None
+def exportable_best(study: optuna.Study) -> optuna.trial.FrozenTrial:
+    """The trial an export is of.
+
+    Raises:
+        StudyError: no trial of the study completed.
+    """
+    best = best_or_none(study)
+    if best is None:
+        raise StudyError(
+            f"study {study.study_name!r} has no completed trial to export yet; run "
+            f"`autotune run --study {study.study_name}` first"
+        )
+    return best
+
+
+def _metrics(record: TrialRecord) -> dict[str, Any]:
+    """A trial's metrics as exports have always shown them: its telemetry inside."""
+    return (
+        {**record.metrics, "telemetry": record.telemetry}
+        if record.metrics and record.telemetry
+        else record.metrics
+    )
 
 
 def write_export(doc: dict[str, Any], out: str | Path) -> Path:

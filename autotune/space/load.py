@@ -24,14 +24,14 @@ import math
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from autotune.errors import SearchSpaceError
+from autotune.space.spec import TYPES, Constraint, ParamSpec, SearchSpace
 
 if sys.version_info >= (3, 11):
     from importlib.resources.abc import Traversable
@@ -39,100 +39,12 @@ else:  # pragma: no cover
     from importlib.abc import Traversable
 
 if TYPE_CHECKING:
-    import optuna
-
     from autotune.space.engine_args import EngineInfo
 
-ParamType = Literal["int", "float", "categorical", "bool"]
-_TYPES: tuple[str, ...] = ("int", "float", "categorical", "bool")
 _KEYS = {"type", "low", "high", "log", "step", "choices", "optional"}
 #: Engine args the tuner sets itself or that make no sense to search.
 _RESERVED = {"model"}
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(<=|>=|<|>|==|!=)\s*([A-Za-z_]\w*|-?\d+(?:\.\d+)?)\s*$")
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One searched engine argument."""
-
-    name: str
-    type: ParamType
-    low: float | int | None = None
-    high: float | int | None = None
-    log: bool = False
-    step: float | int | None = None
-    choices: tuple[Any, ...] = ()
-
-    def suggest(self, trial: optuna.Trial) -> Any:
-        if self.type == "int":
-            assert self.low is not None and self.high is not None
-            return trial.suggest_int(
-                self.name, int(self.low), int(self.high), step=int(self.step or 1), log=self.log
-            )
-        if self.type == "float":
-            assert self.low is not None and self.high is not None
-            return trial.suggest_float(
-                self.name, float(self.low), float(self.high), step=self.step, log=self.log
-            )
-        if self.type == "bool":
-            return trial.suggest_categorical(self.name, [False, True])
-        return trial.suggest_categorical(self.name, list(self.choices))
-
-    def describe(self) -> str:
-        if self.type in ("int", "float"):
-            return f"[{self.low}, {self.high}]" + (" log" if self.log else "")
-        if self.type == "bool":
-            return "{false, true}"
-        return "{" + ", ".join(map(str, self.choices)) + "}"
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """A rule ``lhs op rhs`` over engine args (names or numbers) that a config must satisfy."""
-
-    lhs: str
-    op: str
-    rhs: str
-
-    def text(self) -> str:
-        return f"{self.lhs} {self.op} {self.rhs}"
-
-
-@dataclass(frozen=True)
-class SearchSpace:
-    """A validated search space: what to search, what to fix, which rules to keep."""
-
-    name: str
-    parameters: tuple[ParamSpec, ...]
-    fixed: dict[str, Any] = field(default_factory=dict)
-    constraints: tuple[Constraint, ...] = ()
-    dropped: tuple[str, ...] = ()
-
-    def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
-        return {p.name: p.suggest(trial) for p in self.parameters}
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able record of the space, stored with the study."""
-        return {
-            "name": self.name,
-            "fixed": self.fixed,
-            "parameters": {
-                p.name: {
-                    k: v
-                    for k, v in (
-                        ("type", p.type),
-                        ("low", p.low),
-                        ("high", p.high),
-                        ("log", p.log or None),
-                        ("step", p.step),
-                        ("choices", list(p.choices) or None),
-                    )
-                    if v is not None
-                }
-                for p in self.parameters
-            },
-            "constraints": [c.text() for c in self.constraints],
-        }
 
 
 def bundled_spaces() -> dict[str, Traversable]:
@@ -216,8 +128,11 @@ def build_space(
         raise SearchSpaceError(f"{source}: 'fixed' must be a mapping of engine arg -> value")
 
     fixed: dict[str, Any] = {}
-    for key, value in {**fixed_raw, **(extra_fixed or {})}.items():
+    for key, value in fixed_raw.items():
         _check_name(str(key), engine, f"{source}: fixed.{key}")
+        fixed[str(key)] = value
+    for key, value in (extra_fixed or {}).items():
+        _check_name(str(key), engine, f"--set {key}")
         fixed[str(key)] = value
 
     params: list[ParamSpec] = []
@@ -280,8 +195,8 @@ def _param(key: str, spec: dict[str, Any], where: str, engine: EngineInfo, gpus:
     if extra:
         raise SearchSpaceError(f"{where}: unknown key(s) {sorted(extra)}; allowed: {sorted(_KEYS)}")
     ptype = spec.get("type")
-    if ptype not in _TYPES:
-        raise SearchSpaceError(f"{where}: 'type' must be one of {', '.join(_TYPES)}, got {ptype!r}")
+    if ptype not in TYPES:
+        raise SearchSpaceError(f"{where}: 'type' must be one of {', '.join(TYPES)}, got {ptype!r}")
     arg = engine.args[key]
     if ptype == "bool":
         if arg.kind != "bool":

@@ -1,14 +1,27 @@
-"""The settings of a study, fixed when it is created and stored with it, so a resume runs the
-same benchmark the first run did."""
+"""What a study stores about itself (its user attributes): the settings fixed when it was
+created, so a resume runs the same benchmark the first run did, its trial budget and the
+heartbeat interval every worker judges by."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import StudyError
+
+if TYPE_CHECKING:
+    import optuna
 
 #: Metrics a study may maximise; every trial reports all of them.
 OBJECTIVES = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s")
 DEFAULT_SAMPLING = {"temperature": 0.8, "top_p": 0.95}
+DEFAULT_WORKLOAD = "synthetic:count=1000,input_len=256,output_len=256"
+DEFAULT_TRIALS = 30
+
+SETTINGS_ATTR = "autotune"
+BUDGET_ATTR = "autotune_budget"
+#: the study's heartbeat interval: every worker must judge staleness alike
+HEARTBEAT_ATTR = "autotune_heartbeat_s"
 
 
 @dataclass(frozen=True)
@@ -38,3 +51,37 @@ class StudySettings:
     @property
     def fixed(self) -> dict[str, Any]:
         return dict(self.space.get("fixed", {}))
+
+
+def is_autotune_study(study: optuna.Study) -> bool:
+    return isinstance(study.user_attrs.get(SETTINGS_ATTR), dict)
+
+
+def stored_settings(study: optuna.Study) -> StudySettings:
+    """The settings the study was created with.
+
+    Raises:
+        StudyError: the study was not made by vllm-autotune.
+    """
+    raw = study.user_attrs.get(SETTINGS_ATTR)
+    if not isinstance(raw, dict):
+        raise StudyError(
+            f"study {study.study_name!r} exists but was not made by vllm-autotune (no settings stored)"
+        )
+    return StudySettings.from_dict(raw)
+
+
+def raw_settings(study: optuna.Study) -> dict[str, Any]:
+    """The stored settings as they are (``{}`` for a study vllm-autotune did not make)."""
+    raw = study.user_attrs.get(SETTINGS_ATTR)
+    return raw if isinstance(raw, dict) else {}
+
+
+def budget(study: optuna.Study) -> int:
+    """The study's trial budget; a study written before budgets were stored gets the default."""
+    return int(study.user_attrs.get(BUDGET_ATTR, DEFAULT_TRIALS))
+
+
+def stored_heartbeat(study: optuna.Study) -> int | None:
+    value = study.user_attrs.get(HEARTBEAT_ATTR)
+    return int(value) if value is not None else None

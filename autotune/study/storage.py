@@ -38,6 +38,14 @@ def default_url(study: str, studies_dir: Path) -> str:
     return f"sqlite:///{studies_dir / f'{study}.db'}"
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///FILE`` URL; None for other storages (and in-memory)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url.removeprefix("sqlite:///").split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
 def redact(url: str) -> str:
     """The URL with its password hidden, for logs and exports."""
     try:

@@ -7,23 +7,12 @@ sees "Engine core initialization failed. See root cause above", and the root cau
 
 from __future__ import annotations
 
-import enum
 import re
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-
-class Outcome(str, enum.Enum):
-    """What a trial came to; decides the Optuna state it is told with."""
-
-    SUCCESS = "success"  # COMPLETE with its objective value
-    OOM = "oom"  # PRUNED: the sampler learns to avoid the region
-    INVALID = "invalid"  # PRUNED: vLLM rejected the config before any engine started
-    TIMEOUT = "timeout"  # FAIL
-    CRASH = "crash"  # FAIL
-
+from autotune.trial.record import Outcome
 
 #: Out-of-memory messages, as printed by vLLM and PyTorch. Each is a regex searched in the text.
 OOM_PATTERNS: tuple[str, ...] = (
@@ -65,20 +54,6 @@ _OOM_RES = tuple(re.compile(p) for p in OOM_PATTERNS)
 _INVALID_RES = tuple(re.compile(p) for p in INVALID_PATTERNS)
 
 
-@dataclass(frozen=True)
-class TrialResult:
-    """A finished trial as the parent sees it."""
-
-    outcome: Outcome
-    metrics: dict[str, Any] = field(default_factory=dict)
-    error_type: str | None = None
-    error: str | None = None
-    returncode: int | None = None
-    wall_s: float | None = None
-    phases: dict[str, float] = field(default_factory=dict)
-    engine: dict[str, Any] = field(default_factory=dict)
-
-
 def engine_start_s(phases: Mapping[str, float], wall_s: float | None) -> float:
     """Seconds a trial spent starting its engine (until it was killed, if it was killed in it).
 
@@ -90,15 +65,49 @@ def engine_start_s(phases: Mapping[str, float], wall_s: float | None) -> float:
     return max(0.0, float(end) - float(phases["engine_start"]))
 
 
-def _first_match(patterns: tuple[re.Pattern[str], ...], text: str) -> str | None:
-    """The line of the first pattern (in the order given: most specific first) found in text."""
-    m = next((m for m in (p.search(text) for p in patterns) if m is not None), None)
-    if m is None:
-        return None
-    # the whole line the match is on, trimmed: that is the message a user wants to see
-    start = text.rfind("\n", 0, m.start()) + 1
-    end = text.find("\n", m.end())
-    return text[start : end if end >= 0 else len(text)].strip()[:500]
+#: what may stand before an exception's line: a process tag (``(EngineCore_DP0 pid=7)``,
+#: ``[rank0]:``) and, where vLLM's logger printed the traceback, its ERROR header
+_PREFIX = re.compile(
+    r"^(?:\([\w.-]+(?: \w+=[\w.-]+)*\)\s?|\[rank\d+\]:\s?)?"
+    r"(?:(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] )?"
+)
+#: an exception's last line, ``[prefix] pkg.mod.NameError: message`` (Python prints it once a
+#: traceback ends); a log line never starts with a dotted name ending in Error and a colon
+_EXCEPTION = re.compile(
+    r"^(?:[A-Za-z_][\w]*\.)*(?:[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)|KeyboardInterrupt):(?:\s|$)"
+)
+#: a C++ exception that ended the process (``std::bad_alloc``)
+_TERMINATE = re.compile(r"^(?:terminate called after throwing an instance of|\s*what\(\):)")
+_MAX_MESSAGE = 4000
+
+
+def exception_messages(log: str) -> list[str]:
+    """The exception messages in a log, in order: each ``Name: message`` line that ends a
+    traceback (the engine core's too, behind its ``(EngineCore_DP0 pid=N)`` prefix), with the
+    indented lines that continue it. Log lines (INFO, WARNING, ...) never count.
+    """
+    out: list[str] = []
+    lines = [_PREFIX.sub("", ln) for ln in log.splitlines()]
+    i = 0
+    while i < len(lines):
+        line = lines[i].rstrip()
+        if _EXCEPTION.match(line) or _TERMINATE.match(line):
+            block = [line]
+            while i + 1 < len(lines) and lines[i + 1][:1] in (" ", "\t") and lines[i + 1].strip():
+                i += 1
+                block.append(lines[i].rstrip())
+            out.append("\n".join(block)[:_MAX_MESSAGE])
+        i += 1
+    return out
+
+
+def _first_match(patterns: tuple[re.Pattern[str], ...], messages: Sequence[str]) -> str | None:
+    """The first message (in the order given) matching a pattern (most specific pattern first)."""
+    for p in patterns:
+        for m in messages:
+            if p.search(m):
+                return m
+    return None
 
 
 def classify(
@@ -110,11 +119,15 @@ def classify(
 ) -> tuple[Outcome, str | None, str | None, dict[str, Any]]:
     """Decide a trial's outcome from how its process ended and what it reported.
 
+    Only the worker's error event and the exception messages on its stderr are read (see
+    :func:`exception_messages`), never the log lines around them: a healthy line that mentions
+    memory or an unsupported feature must not turn a crash into a pruned trial.
+
     Args:
         returncode: The worker's exit status (negative: killed by that signal), None if unknown.
         timed_out: The parent killed the worker at the trial timeout.
         events: The worker's protocol events (see :mod:`autotune.trial.protocol`).
-        stderr_tail: The end of the worker's stderr (and stdout), where root causes are printed.
+        stderr_tail: The end of the worker's stderr, where the engine core prints its root cause.
 
     Returns:
         ``(outcome, error_type, error, metrics)``; ``metrics`` is empty unless successful.
@@ -124,21 +137,26 @@ def classify(
     if result is not None and returncode == 0 and not timed_out:
         return Outcome.SUCCESS, None, None, dict(result.get("metrics", {}))
 
-    reported = f"{error.get('error', '')}" if error else ""
-    text = f"{reported}\n{stderr_tail}"
-    oom = _first_match(_OOM_RES, text)
+    reported = str(error.get("error", "")) if error else ""
+    # the root cause first: the engine core's traceback comes before the worker's own wrapper
+    messages = [*exception_messages(stderr_tail), *([reported] if reported else [])]
+    oom = _first_match(_OOM_RES, messages)
     if oom is not None:
         return Outcome.OOM, "oom", oom, {}
     if timed_out:
         return Outcome.TIMEOUT, "timeout", "the trial ran past its timeout and was killed", {}
-    invalid = _first_match(_INVALID_RES, text)
+    invalid = _first_match(_INVALID_RES, messages)
     if invalid is not None or (error is not None and error.get("error_type") == "invalid_config"):
-        return Outcome.INVALID, "invalid_config", invalid or reported[:500], {}
+        return Outcome.INVALID, "invalid_config", invalid or reported[:_MAX_MESSAGE], {}
     if error is not None:
-        return Outcome.CRASH, str(error.get("error_type", "crash")), reported[:500], {}
+        return Outcome.CRASH, str(error.get("error_type", "crash")), reported[:_MAX_MESSAGE], {}
     if returncode is not None and returncode < 0:
         name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else "?"
         hint = " (the kernel's OOM killer sends SIGKILL)" if -returncode == signal.SIGKILL else ""
         return Outcome.CRASH, "killed", f"worker killed by signal {name}{hint}", {}
-    last = next((ln for ln in reversed(stderr_tail.strip().splitlines()) if ln.strip()), "")
+    last = (
+        messages[-1]
+        if messages
+        else next((ln for ln in reversed(stderr_tail.strip().splitlines()) if ln.strip()), "")
+    )
     return Outcome.CRASH, "crash", f"worker exited with code {returncode}: {last[:400]}", {}

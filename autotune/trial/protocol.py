@@ -1,6 +1,6 @@
 """The one channel from a trial's worker process to the parent: tagged JSON lines on stdout.
 
-The worker prints lines ``@@autotune {"event": ...}``; anything else on stdout (vLLM's own logs)
+The worker prints lines ``@@autotune {"event": ..., "pid": PID}``; anything else on stdout (vLLM's own logs)
 is ignored by the parent. Events:
 
 - ``{"event": "phase", "phase": NAME, "t": UNIX_TIME}`` when a phase starts
@@ -22,12 +22,17 @@ TAG = "@@autotune "
 
 def emit(event: str, fd: int = 1, **fields: Any) -> None:
     """Write one event as a single ``write`` so lines from other processes never split it."""
-    line = "\n" + TAG + json.dumps({"event": event, **fields}, default=str) + "\n"
+    line = "\n" + TAG + json.dumps({"event": event, "pid": os.getpid(), **fields}, default=str) + "\n"
     os.write(fd, line.encode())
 
 
-def parse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Yield the events in ``lines``, skipping everything that is not a well-formed event."""
+def parse(lines: Iterable[str], *, pid: int | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the events in ``lines``, skipping everything that is not a well-formed event.
+
+    Args:
+        lines: A worker's stdout.
+        pid: Only the events of the process with this PID (every event carries its ``pid``).
+    """
     for line in lines:
         idx = line.find(TAG)
         if idx < 0:
@@ -36,5 +41,5 @@ def parse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
             event = json.loads(line[idx + len(TAG) :])
         except json.JSONDecodeError:
             continue
-        if isinstance(event, dict) and "event" in event:
+        if isinstance(event, dict) and "event" in event and (pid is None or event.get("pid") == pid):
             yield event

@@ -60,7 +60,7 @@ def describe() -> dict[str, Any]:
     from vllm.platforms import current_platform
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from autotune.space.engine_args import installed_distribution
+    from autotune.trial.installed import installed_distribution
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     actions = {a.dest: a for a in parser._actions}

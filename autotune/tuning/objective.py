@@ -8,6 +8,7 @@ learns to avoid the region); timeout or crash -> FAIL, with the error and the lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,21 +17,16 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
-from autotune.errors import AutotuneError
 from autotune.space.constraints import violations
-from autotune.space.load import SearchSpace
-from autotune.study.lifecycle import (
-    CONFIG_ATTR,
-    DUPLICATE_ATTR,
-    RETRY_REASON_ATTR,
-    ROLE_ATTR,
-    find_duplicate,
-    over_budget,
-    queue_retry,
-)
+from autotune.space.spec import SearchSpace
+from autotune.study.budget import over_budget
+from autotune.study.recovery import queue_retry
 from autotune.study.settings import StudySettings
-from autotune.trial.outcome import Outcome, TrialResult, engine_start_s
-from autotune.trial.runner import TrialSpec, run_trial, write_skipped
+from autotune.study.trials import find_duplicate
+from autotune.trial.outcome import engine_start_s
+from autotune.trial.record import Outcome, Role, TrialRecord, mark
+from autotune.trial.runner import run_trial, write_skipped
+from autotune.trial.spec import TrialSpec
 from autotune.tuning.placement import Slot, SlotPool
 
 _logger = get_logger(__name__)
@@ -38,8 +34,8 @@ _logger = get_logger(__name__)
 COLD_RETRY_REASON = "timed out in the run's first, cold engine start"
 
 
-class TrialFailed(AutotuneError):
-    """A trial crashed or timed out; the study records it as FAIL and goes on."""
+class TrialFailed(Exception):
+    """A trial crashed or timed out; the study records it as FAIL and goes on (control flow)."""
 
 
 class OverBudget(TrialFailed):
@@ -65,13 +61,13 @@ class Objective:
 
     def config_for(self, trial: optuna.Trial) -> dict[str, Any]:
         """The engine args this trial runs with (the fixed ones included)."""
-        role = trial.user_attrs.get(ROLE_ATTR, "sampled")
-        if role == "baseline":
+        record = TrialRecord.of(trial)
+        if record.role is Role.BASELINE:
             params: dict[str, Any] = {}
-        elif role == "enqueued":
+        elif record.role is Role.ENQUEUED:
             # exactly what the user gave, vLLM's defaults for the rest: a hand-tuned config is
             # measured as written; its searched keys are recorded as the trial's params
-            params = dict(trial.user_attrs.get(CONFIG_ATTR) or {})
+            params = dict(record.config or {})
             for p in self.space.parameters:
                 if p.name in params:
                     p.suggest(trial)
@@ -82,42 +78,40 @@ class Objective:
     def __call__(self, trial: optuna.Trial) -> float:
         config = self.config_for(trial)
         trial_dir = self.study_dir / "trials" / str(trial.number)
-        trial.set_user_attr("trial_dir", str(trial_dir))
-        trial.set_user_attr("engine_kwargs", {"model": self.settings.model, **config})
+        engine_kwargs = {"model": self.settings.model, **config}
+        TrialRecord(trial_dir=str(trial_dir), engine_kwargs=engine_kwargs).write(trial)
         reasons = violations(config, self.space.constraints, gpus=self.pool.gpus_per_trial)
         if reasons:
-            write_skipped(trial_dir, config, reasons)
-            trial.set_user_attr("outcome", Outcome.INVALID.value)
-            trial.set_user_attr("error_type", "constraint")
-            trial.set_user_attr("error", "; ".join(reasons))
+            write_skipped(trial_dir, engine_kwargs, reasons).write(trial)
             raise optuna.TrialPruned("constraint: " + "; ".join(reasons))
-        if ROLE_ATTR not in trial.user_attrs and (
-            earlier := find_duplicate(trial.study, trial.user_attrs["engine_kwargs"])
-        ):
+        if not TrialRecord.of(trial).queued and (earlier := find_duplicate(trial.study, engine_kwargs)):
             # the sampler proposed a config measured already (discrete spaces late in a study):
             # answer with that measurement, as Optuna's FAQ advises, instead of a GPU trial
-            trial.set_user_attr("outcome", "duplicate")
-            trial.set_user_attr(DUPLICATE_ATTR, earlier.number)
+            TrialRecord(outcome=Outcome.DUPLICATE, duplicate_of=earlier.number).write(trial)
             assert earlier.value is not None
             return earlier.value
         if self.budget is not None and over_budget(trial.study, trial, self.budget):
             self._give_back(trial)
         with self.pool.take() as slot:
-            return self._run(trial, config, trial_dir, slot)
+            return self._run(trial, engine_kwargs, trial_dir, slot)
 
     def _give_back(self, trial: optuna.Trial) -> None:
         """Record ``trial`` as over the budget, put a queued config back in the queue, stop."""
-        trial.set_user_attr("outcome", "over_budget")
-        trial.set_user_attr("error_type", "over_budget")
-        trial.set_user_attr("error", "the study's budget was used up by other workers first")
-        if ROLE_ATTR in trial.user_attrs:  # it came from the queue (baseline, enqueued, retry)
-            attrs = {k: v for k, v in trial.user_attrs.items() if k.startswith("autotune_")}
-            trial.study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
+        mark(trial, Outcome.OVER_BUDGET, "the study's budget was used up by other workers first")
+        record = TrialRecord.of(trial)
+        if record.queued:  # it came from the queue (baseline, enqueued, retry)
+            again = TrialRecord(
+                role=record.role,
+                config=record.config,
+                retry_of=record.retry_of,
+                retry_reason=record.retry_reason,
+            )
+            trial.study.enqueue_trial(dict(trial.params), user_attrs=again.attrs(), skip_if_exists=False)
         with contextlib.suppress(RuntimeError):  # RuntimeError: not inside study.optimize
             trial.study.stop()
         raise OverBudget(f"trial #{trial.number} started after the budget of {self.budget} was used up")
 
-    def _retry_cold(self, trial: optuna.Trial, result: TrialResult) -> None:
+    def _retry_cold(self, trial: optuna.Trial, result: TrialRecord) -> None:
         """Queue a timed-out trial once more if cold caches, not its config, used up its time.
 
         The first engine start on a machine compiles the model (torch.compile) and captures CUDA
@@ -127,13 +121,13 @@ class Objective:
         the engine, before any trial of this run got its engine up, runs again, once per slot
         per run and once per config.
         """
-        start_s = engine_start_s(result.phases, result.wall_s)
+        start_s = engine_start_s(result.phases_s, result.wall_s)
         with self._lock:
             if (
                 result.outcome is not Outcome.TIMEOUT
                 or self._warm
                 or self._cold_retries >= len(self.pool.slots)
-                or trial.user_attrs.get(RETRY_REASON_ATTR) == COLD_RETRY_REASON
+                or TrialRecord.of(trial).retry_reason == COLD_RETRY_REASON
                 or start_s < 0.5 * (result.wall_s or 0.0)
             ):
                 return
@@ -148,12 +142,10 @@ class Objective:
         )
         queue_retry(trial.study, trial, COLD_RETRY_REASON)
 
-    def _run(self, trial: optuna.Trial, config: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
-        if slot.device_ids:
-            trial.set_user_attr("gpus", list(slot.device_ids))
+    def _run(self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
         spec = TrialSpec(
             trial_dir=trial_dir,
-            engine_kwargs={"model": self.settings.model, **config},
+            engine_kwargs=engine_kwargs,
             workload=self.settings.workload,
             requests_file=self.requests_file,
             sampling=self.settings.sampling,
@@ -167,27 +159,18 @@ class Objective:
         except KeyboardInterrupt:
             # the trial's process group is gone already (run_trial); its config is queued again
             # here, by the one worker it belonged to (two workers starting later could both)
-            trial.set_user_attr("outcome", "interrupted")
-            trial.set_user_attr("error_type", "interrupted")
-            trial.set_user_attr("error", "interrupted by the user (Ctrl-C / SIGTERM)")
-            queue_retry(trial.study, trial, "interrupted")
+            mark(trial, Outcome.INTERRUPTED, "interrupted by the user (Ctrl-C / SIGTERM)")
+            queue_retry(trial.study, trial, Outcome.INTERRUPTED.value)
             raise
         # recorded first: a trial another worker failed meanwhile (a stale heartbeat, queued
         # again there) raises here, before it could be queued a second time below
-        trial.set_user_attr("outcome", result.outcome.value)
-        trial.set_user_attr("wall_s", result.wall_s)
-        trial.set_user_attr("phases_s", result.phases)
+        result = dataclasses.replace(result, gpus=tuple(slot.device_ids))
+        result.write(trial)
         self._retry_cold(trial, result)
-        if "warmup" in result.phases:
+        if "warmup" in result.phases_s:
             self._warm = True
-        if result.engine:
-            trial.set_user_attr("engine", result.engine)
         if result.outcome is Outcome.SUCCESS:
-            trial.set_user_attr("metrics", result.metrics)
             return float(result.metrics[self.settings.objective])
-        trial.set_user_attr("error_type", result.error_type)
-        trial.set_user_attr("error", result.error)
-        trial.set_user_attr("log", str(trial_dir / "stderr.log"))
         if result.outcome in (Outcome.OOM, Outcome.INVALID):
             raise optuna.TrialPruned(f"{result.error_type}: {result.error}")
-        raise TrialFailed(f"{result.error_type}: {result.error} (log: {trial_dir / 'stderr.log'})")
+        raise TrialFailed(f"{result.error_type}: {result.error} (log: {result.log})")

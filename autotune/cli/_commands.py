@@ -1,0 +1,151 @@
+"""What each subcommand does; imports stay inside so ``autotune --help`` starts fast."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from autotune._logging import get_logger
+
+_logger = get_logger(__name__)
+
+
+def _run_request(args: argparse.Namespace, **given: Any) -> Any:
+    """The :class:`~autotune.tuning.request.RunRequest` of ``run`` and ``demo``."""
+    from autotune.space.overrides import load_config, parse_assignments
+    from autotune.tuning.request import RunRequest
+
+    return RunRequest(
+        study=args.study,
+        storage=args.storage,
+        studies_dir=args.studies_dir,
+        workload=args.workload,
+        space=args.space,
+        trials=args.trials,
+        trial_timeout_s=args.trial_timeout,
+        fixed=parse_assignments(args.set),
+        enqueue=[load_config(item, "--enqueue") for item in args.enqueue],
+        seed=args.seed,
+        time_budget_s=args.time_budget,
+        show_bar=not args.no_bar and sys.stderr.isatty(),
+        **given,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Create or resume a study and run ``--trials`` trials of it."""
+    from autotune.tuning.placement import parse_gpus
+    from autotune.tuning.run import run_study
+
+    request = _run_request(
+        args,
+        model=args.model,
+        objective=args.objective,
+        gpus=parse_gpus(args.gpus) if args.gpus is not None else None,
+        gpus_per_trial=args.gpus_per_trial,
+        heartbeat_s=args.heartbeat,
+    )
+    print(json.dumps(run_study(request), indent=2))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Build a tiny random-weight Llama and tune it for real on the installed vLLM."""
+    from autotune.demo.tiny_model import build_tiny_llama
+    from autotune.tuning.run import run_study
+
+    model_dir = args.studies_dir / "demo-model"
+    _logger.info("building a tiny random-weight Llama in %s", model_dir)
+    build_tiny_llama(model_dir)
+    if args.trials is None:
+        args.trials = 6
+    request = _run_request(
+        args,
+        model=str(model_dir),
+        objective="output_tokens_per_s",
+        warn_short_measurement=False,  # the demo's workload is small by design
+    )
+    summary = run_study(request)
+    out = args.studies_dir / f"{args.study}-best.json"
+    export(args.study, args.storage, args.studies_dir, out, importance=True)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def export(study_name: str, storage: str | None, studies_dir: Any, out: Any, *, importance: bool) -> None:
+    """Write the study's best config as JSON (see :mod:`autotune.output.export`)."""
+    from autotune.output.export import build_export, exportable_best, write_export
+    from autotune.space.engine_args import describe_engine
+    from autotune.study.lifecycle import open_study
+
+    study, url = open_study(study_name, storage, studies_dir)
+    exportable_best(study)  # no completed trial: say so before any ranking is computed
+    section: dict[str, Any] = {"status": "skipped", "message": "exported with --no-importance"}
+    if importance:
+        from autotune.analysis.importance import export_importance
+
+        section, table = export_importance(study)
+        print(table)
+    doc = build_export(study, describe_engine(), url, importance=section)
+    path = write_export(doc, out)
+    speed = doc["speedup_over_baseline"]
+    _logger.info(
+        "exported trial #%d (%s %.1f%s) to %s",
+        doc["trial_number"],
+        doc["objective"],
+        doc["value"],
+        f", x{speed:.2f} vs vLLM defaults" if speed else "",
+        path,
+    )
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write the study's best config as JSON."""
+    export(args.study, args.storage, args.studies_dir, args.out, importance=not args.no_importance)
+    return 0
+
+
+def cmd_importance(args: argparse.Namespace) -> int:
+    """Rank what drives the study's objective and what makes configs infeasible."""
+    from autotune.analysis.importance import compute_importance, format_table
+    from autotune.study.lifecycle import open_study
+
+    study, _ = open_study(args.study, args.storage, args.studies_dir)
+    report = compute_importance(study, n_jobs=args.jobs, seed=args.seed)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else format_table(report))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write a self-contained HTML report of the study."""
+    from autotune.output.report import write_report
+    from autotune.study.lifecycle import open_study
+
+    study, url = open_study(args.study, args.storage, args.studies_dir)
+    path = write_report(study, args.out, storage=url, importance_kwargs={"n_jobs": args.jobs})
+    _logger.info("open it in a browser: %s", path.resolve().as_uri())
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """List the studies in a storage (or in every study database of --studies-dir)."""
+    import dataclasses
+
+    from autotune.output.listing import format_list, list_studies, storage_urls
+
+    rows = list_studies(storage_urls(args.storage, args.studies_dir))
+    print(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) if args.json else format_list(rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Show one study: its settings, the best trial against the baseline, every trial."""
+    from autotune.output.show import format_show, show_doc
+    from autotune.study.lifecycle import open_study
+
+    study, url = open_study(args.study, args.storage, args.studies_dir)
+    doc = show_doc(study, url)
+    print(json.dumps(doc, indent=2, default=str) if args.json else format_show(doc))
+    return 0

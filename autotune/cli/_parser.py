@@ -1,0 +1,254 @@
+"""The command line: one subparser per command, each with a description and an example."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from autotune.cli import _commands
+
+WORKLOAD_HELP = (
+    "prompts to benchmark: synthetic:count=N,input_len=N,output_len=N[,prefix_len=N][,seed=N] "
+    '(random tokens), jsonl:FILE[,count=N][,output_len=N] (one {"prompt": ...} a line), or '
+    "sharegpt:FILE[,count=N][,output_len=N] (a ShareGPT JSON list; each reply's length is its "
+    "output length); a bare *.jsonl / *.json path works too"
+)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return value
+
+
+def _bundled() -> str:
+    from autotune.space.load import bundled_spaces
+
+    return ", ".join(sorted(bundled_spaces())) or "none"
+
+
+def _study_args(p: argparse.ArgumentParser, *, writes: bool) -> None:
+    p.add_argument(
+        "--study",
+        required=True,
+        help="study name; the same name resumes it" if writes else "name of the study to read",
+    )
+    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///STUDIES_DIR/STUDY.db)")
+    p.add_argument(
+        "--studies-dir",
+        default="studies",
+        type=Path,
+        help="home of study databases and trial logs (default ./studies)",
+    )
+
+
+def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
+    p.add_argument(
+        "--trials",
+        type=_positive_int,
+        default=None,
+        help=f"the study's trial budget, shared by every worker (a new study: {6 if demo else 30}, "
+        "the first being vLLM's defaults); a larger N extends a study; without it a resume runs "
+        "up to the budget",
+    )
+    p.add_argument(
+        "--trial-timeout",
+        type=_positive_float,
+        default=600.0 if demo else 1800.0,
+        metavar="SEC",
+        help="seconds before a trial's process group is killed (default %(default)g; leave room "
+        "for a fresh machine's first engine start, which compiles the model)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="ARG=VALUE",
+        help="fix an engine arg for every trial, the baseline included (repeatable)",
+    )
+    p.add_argument(
+        "--enqueue",
+        action="append",
+        default=[],
+        metavar="JSON|FILE",
+        help="a config to measure next, e.g. a hand-tuned one or an export file (repeatable)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=_positive_float,
+        metavar="SEC",
+        help="start no trial that would likely end after SEC seconds of this run",
+    )
+    p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study (default 0)")
+    p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")
+
+
+def _command(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    summary: str,
+    example: str,
+    common: argparse.ArgumentParser,
+) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=summary[0].upper() + summary[1:] + ".",
+        epilog="example:\n  " + example,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from autotune import __version__
+    from autotune.study.settings import DEFAULT_WORKLOAD, OBJECTIVES
+
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description="Bayesian auto-tuner for vLLM batch inference: measured, isolated trials with Optuna.",
+        epilog="`autotune COMMAND --help` describes a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"vllm-autotune {__version__}")
+    parser.add_argument("--debug", action="store_true", help="verbose logs and tracebacks")
+    # --debug after the command too: SUPPRESS keeps the subparser from resetting a given --debug
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = _command(
+        sub,
+        "run",
+        "create or resume a study and run its trials",
+        "autotune run --model meta-llama/Llama-3.2-1B --study llama1b --trials 30 --workload prompts.jsonl",
+        common,
+    )
+    run.add_argument("--model", help="checkpoint directory or hub id (needed to create a study)")
+    run.add_argument("--workload", help=f"{WORKLOAD_HELP} (default {DEFAULT_WORKLOAD})")
+    run.add_argument(
+        "--space",
+        help=f"search space: a YAML file, or a bundled space ({_bundled()}; default: the one for "
+        "the installed vLLM's platform)",
+    )
+    run.add_argument(
+        "--objective", choices=OBJECTIVES, help="metric to maximise (default output_tokens_per_s)"
+    )
+    _study_args(run, writes=True)
+    _run_args(run)
+    run.add_argument(
+        "--gpus",
+        metavar="IDS",
+        help="GPUs to use (nvidia-smi indices, e.g. 0,1,2,3 or 0-7); default: all visible",
+    )
+    run.add_argument(
+        "--gpus-per-trial",
+        type=_positive_int,
+        metavar="N",
+        help="GPUs of one trial (bounds tensor_parallel_size); the GPUs run len(gpus)/N trials "
+        "at a time (default: all of them, one trial at a time)",
+    )
+    run.add_argument(
+        "--heartbeat",
+        type=_positive_int,
+        metavar="SEC",
+        help="seconds between a running trial's heartbeats in the storage (a new study: 30, then "
+        "stored for every worker); a trial silent for 4x as long (its worker killed, its machine "
+        "lost) is failed and its config run again",
+    )
+    run.set_defaults(func=_commands.cmd_run)
+
+    export = _command(
+        sub,
+        "export",
+        "write the best config of a study as JSON for LLM(**config) and vllm serve",
+        "autotune export --study llama1b --out best.json",
+        common,
+    )
+    _study_args(export, writes=False)
+    export.add_argument("--out", required=True, type=Path, help="JSON file to write")
+    export.add_argument(
+        "--no-importance", action="store_true", help="skip the parameter importance ranking (seconds)"
+    )
+    export.set_defaults(func=_commands.cmd_export)
+
+    importance = _command(
+        sub,
+        "importance",
+        "rank what drives the objective and what causes out-of-memory configs",
+        "autotune importance --study llama1b",
+        common,
+    )
+    _study_args(importance, writes=False)
+    importance.add_argument("--jobs", type=int, default=-1, help="parallel refits (default: one per core)")
+    importance.add_argument("--seed", type=int, default=0, help="seed of the surrogates and their folds")
+    importance.add_argument("--json", action="store_true", help="print the JSON that exports store")
+    importance.set_defaults(func=_commands.cmd_importance)
+
+    report = _command(
+        sub,
+        "report",
+        "write a self-contained HTML report of a study",
+        "autotune report --study llama1b --out report.html",
+        common,
+    )
+    _study_args(report, writes=False)
+    report.add_argument("--out", required=True, type=Path, help="HTML file to write")
+    report.add_argument("--jobs", type=int, default=-1, help="parallel refits (default: one per core)")
+    report.set_defaults(func=_commands.cmd_report)
+
+    ls = _command(
+        sub, "ls", "list the studies in a storage, with counts, budgets and speedups", "autotune ls", common
+    )
+    ls.add_argument("--storage", help="Optuna storage URL (default: every *.db in --studies-dir)")
+    ls.add_argument("--studies-dir", default="studies", type=Path, help="where study databases live")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.set_defaults(func=_commands.cmd_ls)
+
+    show = _command(
+        sub,
+        "show",
+        "show one study: its settings, the best trial against vLLM's defaults, every trial",
+        "autotune show --study llama1b",
+        common,
+    )
+    _study_args(show, writes=False)
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(func=_commands.cmd_show)
+
+    demo = _command(
+        sub,
+        "demo",
+        "build a tiny random-weight Llama and tune it for real on the installed vLLM (no GPU, no hub)",
+        "autotune demo --trials 6",
+        common,
+    )
+    demo.add_argument("--study", default="demo", help="study name (default demo); the same name resumes it")
+    demo.add_argument("--storage", help="Optuna storage URL (default sqlite:///STUDIES_DIR/STUDY.db)")
+    demo.add_argument(
+        "--studies-dir", default="studies", type=Path, help="home of the study, its trials and the model"
+    )
+    demo.add_argument(
+        "--workload",
+        default="synthetic:count=128,input_len=64,output_len=64",
+        help=f"{WORKLOAD_HELP} (default %(default)s)",
+    )
+    demo.add_argument(
+        "--space", default="cpu", help=f"search space ({_bundled()}, or a YAML file; default cpu)"
+    )
+    _run_args(demo, demo=True)
+    demo.set_defaults(func=_commands.cmd_demo)
+    return parser

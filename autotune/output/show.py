@@ -1,0 +1,155 @@
+"""``autotune show``: one study's settings, its best trial against the baseline, every trial."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from autotune.analysis.records import trial_rows
+from autotune.output.listing import summarize_study
+from autotune.output.text import fmt, indent, table
+from autotune.study.settings import raw_settings
+from autotune.study.trials import baseline_trial
+
+if TYPE_CHECKING:
+    import optuna
+
+
+def _describe_param(name: str, spec: dict[str, Any]) -> str:
+    from autotune.space.load import ParamSpec
+
+    try:
+        p = ParamSpec(
+            name=name,
+            type=spec.get("type", "categorical"),
+            low=spec.get("low"),
+            high=spec.get("high"),
+            log=bool(spec.get("log", False)),
+            step=spec.get("step"),
+            choices=tuple(spec.get("choices") or ()),
+        )
+        return f"{name} {p.describe()}"
+    except (TypeError, ValueError):
+        return f"{name} {spec}"
+
+
+def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
+    """One study as a JSON-able dict: settings, best vs baseline, trials."""
+    from autotune.trial.workload import WorkloadSpec
+
+    settings = raw_settings(study)
+    summary = summarize_study(study, storage)
+    rows = trial_rows(study)
+    space = settings.get("space") or {}
+    wl = settings.get("workload") or {}
+    try:
+        fields = {f.name for f in dataclasses.fields(WorkloadSpec)}
+        workload = WorkloadSpec(**{k: v for k, v in wl.items() if k in fields}).describe()
+    except (TypeError, ValueError):
+        workload = str(wl)
+    by_number = {r.number: r for r in rows}
+    best = by_number.get(summary.best_trial) if summary.best_trial is not None else None
+    base = baseline_trial(study)
+    base_row = by_number.get(base.number) if base is not None else None
+    comparison = []
+    if best is not None:
+        for n in best.params:
+            comparison.append(
+                {
+                    "parameter": n,
+                    "baseline": base_row.params.get(n) if base_row is not None else None,
+                    "best": best.params.get(n),
+                }
+            )
+    return {
+        "study": study.study_name,
+        "storage": storage,
+        "autotune": summary.autotune,
+        "model": settings.get("model"),
+        "workload": workload,
+        "objective": settings.get("objective"),
+        "direction": study.direction.name.lower() if len(study.directions) == 1 else "multi",
+        "vllm": summary.vllm,
+        "platform": settings.get("platform"),
+        "gpus": settings.get("gpus") or [],
+        "fixed": space.get("fixed") or {},
+        "searching": [_describe_param(n, s) for n, s in (space.get("parameters") or {}).items()],
+        "constraints": space.get("constraints") or [],
+        "counts": summary.counts,
+        "best": None
+        if best is None
+        else {"trial": best.number, "value": best.value, "speedup_over_baseline": best.speedup},
+        "baseline": None if base_row is None else {"trial": base_row.number, "value": base_row.value},
+        "best_vs_baseline": comparison,
+        "trials": [dataclasses.asdict(r) for r in rows],
+    }
+
+
+def _short(text: str | None, n: int = 90) -> str:
+    if not text:
+        return ""
+    one = " ".join(str(text).split())
+    return one if len(one) <= n else one[: n - 3] + "..."
+
+
+def format_show(doc: dict[str, Any]) -> str:
+    """``autotune show`` output for a :func:`show_doc` document."""
+    gpus = doc["gpus"]
+    gpu_text = f", {len(gpus)} x {gpus[0]}" if gpus else ""
+    counts = ", ".join(f"{v} {k.lower()}" for k, v in doc["counts"].items() if v)
+    lines = [
+        f"Study {doc['study']}" + (f"  ({doc['storage']})" if doc["storage"] else ""),
+        f"  model        {doc['model'] or '-'}",
+        f"  workload     {doc['workload']}",
+        f"  objective    {doc['objective'] or '-'} ({doc['direction']})",
+        f"  vLLM         {doc['vllm'] or '-'} on {doc['platform'] or '?'}{gpu_text}",
+        f"  fixed        {', '.join(f'{k}={fmt(v)}' for k, v in doc['fixed'].items()) or '-'}",
+        f"  searching    {(chr(10) + ' ' * 15).join(doc['searching']) or '-'}",
+    ]
+    if doc["constraints"]:
+        lines.append(f"  constraints  {'; '.join(doc['constraints'])}")
+    lines.append(f"  trials       {sum(doc['counts'].values())}: {counts or 'none'}")
+    lines.append("")
+    best, base = doc["best"], doc["baseline"]
+    if best is None:
+        lines.append("No completed trial yet.")
+    else:
+        line = f"Best: trial #{best['trial']}, {fmt(best['value'])} {doc['objective'] or ''}".rstrip()
+        if base is not None and best["speedup_over_baseline"] is not None:
+            speed = best["speedup_over_baseline"]
+            line += f", x{speed:.3f} over vLLM's defaults (trial #{base['trial']}, {fmt(base['value'])})"
+        elif base is None:
+            line += " (no completed baseline to compare with)"
+        lines.append(line)
+        if doc["best_vs_baseline"]:
+            rows = [
+                [
+                    c["parameter"],
+                    fmt(c["baseline"]),
+                    fmt(c["best"]),
+                    "" if c["baseline"] == c["best"] else "*",
+                ]
+                for c in doc["best_vs_baseline"]
+            ]
+            lines.append(indent(table(["parameter", "vLLM default", "best", "changed"], rows)))
+    lines += ["", "Trials"]
+    rows = []
+    for r in doc["trials"]:
+        note = _short(r["error"]) if r["error"] else ""
+        if r["role"] != "sampled":
+            note = f"[{r['role']}] {note}".strip()
+        rows.append(
+            [
+                str(r["number"]),
+                r["state"],
+                r["outcome"],
+                fmt(r["value"]),
+                f"x{r['speedup']:.3f}" if r["speedup"] is not None else "",
+                f"{r['wall_s']:.0f}s" if isinstance(r["wall_s"], (int, float)) else "",
+                note,
+            ]
+        )
+    lines.append(
+        indent(table(["#", "state", "outcome", "value", "x base", "wall", "note"], rows, {0, 3, 4, 5}))
+    )
+    return "\n".join(lines)

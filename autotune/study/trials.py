@@ -1,0 +1,91 @@
+"""Questions asked of a study's trials: the baseline, the best, a repeat, how many by state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from autotune.trial.record import Role, TrialRecord
+
+
+def baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The completed baseline trial (vLLM's defaults under the fixed args), if any."""
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if TrialRecord.of(t).role is Role.BASELINE:
+            return t
+    return None
+
+
+def baseline_value(study: optuna.Study) -> float | None:
+    base = baseline_trial(study)
+    return base.value if base is not None else None
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
+    """The best completed trial; a repeat that ties with it stands for the trial it repeats.
+
+    Raises:
+        ValueError: no trial completed.
+    """
+    best = study.best_trial
+    duplicate_of = TrialRecord.of(best).duplicate_of
+    return study.trials[duplicate_of] if duplicate_of is not None else best
+
+
+def best_or_none(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """:func:`best_trial`, or None while no trial has completed (or the study has several objectives)."""
+    if len(study.directions) != 1:
+        return None
+    try:
+        return best_trial(study)
+    except ValueError:
+        return None
+
+
+def find_duplicate(study: optuna.Study, engine_kwargs: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
+    """A completed trial that ran exactly ``engine_kwargs`` already (the first one), if any.
+
+    Engine args, not params: an enqueued config may set args the space does not search.
+    """
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        record = TrialRecord.of(t)
+        if record.duplicate_of is None and t.value is not None and record.engine_kwargs == engine_kwargs:
+            return t
+    return None
+
+
+def state_counts(study: optuna.Study) -> dict[str, int]:
+    """How many trials are in each state, by state name."""
+    counts: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        counts[t.state.name] = counts.get(t.state.name, 0) + 1
+    return counts
+
+
+def ratio(value: float | None, reference: float | None) -> float | None:
+    """``value / reference``; None when either is missing or the reference is 0."""
+    return value / reference if value is not None and reference else None
+
+
+def summary(study: optuna.Study) -> dict[str, Any]:
+    """Best trial, baseline and counts of a study, as a JSON-able dict."""
+    from autotune.study.settings import stored_settings
+
+    out: dict[str, Any] = {
+        "study": study.study_name,
+        "objective": stored_settings(study).objective,
+        "trials": state_counts(study),
+    }
+    best = best_or_none(study)
+    if best is None:
+        out["best"] = None
+        return out
+    out["best"] = {
+        "trial": best.number,
+        "value": best.value,
+        "engine_kwargs": TrialRecord.of(best).engine_kwargs,
+    }
+    out["baseline_value"] = baseline_value(study)
+    out["speedup_over_baseline"] = ratio(best.value, out["baseline_value"])
+    return out

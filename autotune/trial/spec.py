@@ -1,0 +1,27 @@
+"""What a worker is asked to run: one config on one workload, serialised to ``spec.json``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything a worker needs to run one config; serialised to the trial's ``spec.json``."""
+
+    trial_dir: Path
+    engine_kwargs: dict[str, Any]
+    workload: dict[str, Any]
+    requests_file: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    warmup_requests: int = 16
+    timeout_s: float = 1200.0
+    env: dict[str, str] = field(default_factory=dict)
+    device_ids: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["trial_dir"] = str(self.trial_dir)
+        return d

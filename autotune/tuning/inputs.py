@@ -1,0 +1,83 @@
+"""A run's inputs, every one checked before anything is written: a bad ``--set``, space,
+workload or model leaves no study database, lock file or trial directory behind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.errors import StudyError
+from autotune.space.constraints import check_feasible
+from autotune.space.engine_args import EngineInfo, describe_engine
+from autotune.space.load import load_space
+from autotune.space.spec import SearchSpace
+from autotune.study.storage import check_study_name, default_url, sqlite_path
+from autotune.trial.model_ref import check_model
+from autotune.trial.telemetry import visible_device_ids
+from autotune.trial.workload import WorkloadSpec, load_requests, parse_workload
+from autotune.tuning.placement import SlotPool, plan_slots
+from autotune.tuning.request import RunRequest
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """The checked inputs of a run.
+
+    Attributes:
+        name: The study's name.
+        url: Its storage URL.
+        engine: The installed vLLM's engine arguments.
+        pool: The GPU slots trials run in.
+        model: ``--model`` resolved, or None (a resume).
+        workload: ``--workload`` parsed (a file's prompts read once), or None.
+        space: ``--space`` loaded, or None; for a study known to be new (its SQLite file does not
+            exist yet), the default space, so that ``--set`` is judged against it up front.
+        new: The study certainly does not exist yet (its SQLite file is missing); False when
+            only opening the storage can tell.
+    """
+
+    name: str
+    url: str
+    engine: EngineInfo
+    pool: SlotPool
+    model: str | None
+    workload: WorkloadSpec | None
+    space: SearchSpace | None
+    new: bool
+
+    @property
+    def sqlite_file(self) -> Path | None:
+        return sqlite_path(self.url)
+
+
+def check_inputs(req: RunRequest) -> RunInputs:
+    """Check every input of ``req``; nothing is written.
+
+    Raises:
+        AutotuneError: naming the option at fault and the fix.
+    """
+    name = check_study_name(req.study)
+    url = req.storage or default_url(name, req.studies_dir)
+    engine = describe_engine()
+    pool = SlotPool(
+        plan_slots(req.gpus, req.gpus_per_trial, visible=visible_device_ids(), platform=engine.platform)
+    )
+    model = check_model(req.model) if req.model is not None else None
+    workload = parse_workload(req.workload) if req.workload is not None else None
+    if workload is not None and workload.kind != "synthetic":
+        load_requests(workload)  # an empty or malformed file fails here
+    db = sqlite_path(url)
+    new = db is not None and not db.is_file()
+    if new and model is None:
+        raise StudyError(f"study {name!r} does not exist yet; give --model to create it")
+    space = load_space_for(req.space, engine, pool, req.fixed) if req.space or new else None
+    return RunInputs(name, url, engine, pool, model, workload, space, new)
+
+
+def load_space_for(
+    space: str | None, engine: EngineInfo, pool: SlotPool, fixed: dict[str, object]
+) -> SearchSpace:
+    """``--space`` (or the default) with ``--set`` on top, checked, and feasible."""
+    loaded = load_space(space, engine, gpus=pool.gpus_per_trial, extra_fixed=fixed)
+    check_feasible(loaded, gpus=pool.gpus_per_trial)
+    return loaded

@@ -1,0 +1,32 @@
+"""What ``autotune run`` (or ``autotune demo``) was asked to do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """A run's inputs as given; None means "the study's stored value, or the default"."""
+
+    study: str
+    trials: int | None = None
+    storage: str | None = None
+    studies_dir: Path = Path("studies")
+    model: str | None = None
+    workload: str | None = None
+    space: str | None = None
+    objective: str | None = None
+    trial_timeout_s: float = 1800.0
+    fixed: dict[str, Any] = field(default_factory=dict)
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
+    seed: int = 0
+    time_budget_s: float | None = None
+    show_bar: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: list[int] | None = None
+    gpus_per_trial: int | None = None
+    heartbeat_s: int | None = None  # None: the study's stored one (a new study: 30 s)
+    warn_short_measurement: bool = True
