@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autotune.atomic import write_text_atomic
 from autotune.errors import AutotuneError
+from autotune.space.overrides import config_from_json, parse_assignments, read_config_file
 from autotune.study.settings import DEFAULT_SAMPLING
+from autotune.trial.record import TrialRecord
 from autotune.trial.runner import TrialSpec, run_trial
 from autotune.trial.workload import WorkloadSpec, load_requests, parse_workload
 from benchmarks import host, report
@@ -64,37 +64,21 @@ def parse_config(text: str) -> Config:
     name = name.strip()
     if not eq or not _NAME.match(name):
         raise UsageError(f"--config {text!r}: use NAME=JSON or NAME=@FILE, e.g. defaults='{{}}'")
-    source = "command line"
-    if value.startswith("@"):
-        source = value[1:]
-        try:
-            value = Path(source).expanduser().read_text(encoding="utf-8")
-        except OSError as e:
-            raise UsageError(f"--config {name}: cannot read {source}: {e}") from None
+    source = value[1:] if value.startswith("@") else "command line"
     try:
-        params = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"--config {name}: not JSON ({e.msg}): {value[:80]!r}") from None
-    if isinstance(params, dict) and isinstance(params.get("engine_kwargs"), dict):
-        params = params["engine_kwargs"]  # an autotune export
-    if not isinstance(params, dict):
-        raise UsageError(f"--config {name}: must be a JSON object of engine args")
-    params = {k: v for k, v in params.items() if k != "model"}
-    return Config(name, source, params)
+        if value.startswith("@"):
+            value = read_config_file(source, f"--config {name}")
+        return Config(name, source, config_from_json(value, f"--config {name}"))
+    except AutotuneError as e:
+        raise UsageError(str(e)) from None
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
     """``ARG=VALUE`` pairs; values are YAML scalars (``true``, ``8192``, ``0.9``, ``dummy``)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise UsageError(f"--set {item!r}: use ARG=VALUE, e.g. --set load_format=dummy")
-        try:
-            out[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            out[key.strip()] = value
-    return out
+    try:
+        return parse_assignments(items)
+    except AutotuneError as e:
+        raise UsageError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,22 +142,21 @@ def microbench(dtypes: set[str], timeout_s: float = 900.0) -> dict[str, Any]:
     return {"microbench": json.loads(lines[-1])}
 
 
-def _trial_record(name: str, rep: int, trial_dir: Path, result: Any) -> dict[str, Any]:
-    saved = json.loads((trial_dir / "result.json").read_text(encoding="utf-8"))
+def _trial_record(name: str, rep: int, result: TrialRecord) -> dict[str, Any]:
     return {
         "config": name,
         "repeat": rep,
-        "outcome": result.outcome.value,
+        "outcome": result.outcome.value if result.outcome else None,
         "error_type": result.error_type,
         "error": result.error,
         "returncode": result.returncode,
         "wall_s": result.wall_s,
-        "phases_s": result.phases,
-        "metrics": {k: v for k, v in result.metrics.items() if k != "telemetry"},
-        "telemetry": saved.get("telemetry"),
+        "phases_s": result.phases_s,
+        "metrics": result.metrics,
+        "telemetry": result.telemetry,
         "engine": result.engine,
-        "trial_dir": str(trial_dir),
-        "stderr": str(trial_dir / "stderr.log"),
+        "trial_dir": result.trial_dir,
+        "stderr": result.log,
     }
 
 
@@ -309,7 +292,7 @@ def run_one(p: Plan, entry: dict[str, Any], rep: int, rates: Rates | None) -> di
         timeout_s=p.doc["trial_timeout_s"],
         device_ids=p.doc["host"]["device_ids"],
     )
-    record = _trial_record(name, rep, trial_dir, run_trial(spec))
+    record = _trial_record(name, rep, run_trial(spec))
     m = record["metrics"]
     if record["outcome"] != "success":
         _log.warning("%s: %s (%s): %s", name, record["outcome"], record["error_type"], record["error"])
