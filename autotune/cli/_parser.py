@@ -247,7 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"{WORKLOAD_HELP} (default %(default)s)",
     )
     demo.add_argument(
-        "--space", default="cpu", help=f"search space ({_bundled()}, or a YAML file; default cpu)"
+        "--space",
+        help=f"search space ({_bundled()}, or a YAML file; default: the one for the installed "
+        "vLLM's platform)",
     )
     _run_args(demo, demo=True)
     demo.set_defaults(func=_commands.cmd_demo)

@@ -53,10 +53,13 @@ def bundled_spaces() -> dict[str, Traversable]:
     return {p.name.removesuffix(".yaml"): p for p in root.iterdir() if p.name.endswith(".yaml")}
 
 
-def resolve_space_path(space: str | Path | None) -> Path | Traversable:
-    """A space given by name (``throughput``) or path; the default is ``throughput``."""
-    if space is None:
-        space = "throughput"
+def default_space(platform: str) -> str:
+    """The bundled space for vLLM's platform: ``cpu`` on the CPU backend, ``throughput`` on GPUs."""
+    return "cpu" if platform == "cpu" else "throughput"
+
+
+def resolve_space_path(space: str | Path) -> Path | Traversable:
+    """A space given by path, or by the name of a bundled one (``throughput``, ``cpu``)."""
     p = Path(space).expanduser()
     if p.is_file():
         return p
@@ -77,7 +80,8 @@ def load_space(
     """Read, check and resolve a search space.
 
     Args:
-        space: Path or bundled name of the YAML file; None for ``throughput``.
+        space: Path or bundled name of the YAML file; None for the platform's
+            (:func:`default_space`).
         engine: The installed vLLM's engine arguments, to check every name and value against.
         gpus: GPUs one trial may use; the value of the symbol ``gpus`` in a range.
         extra_fixed: Engine args fixed on the command line; they override the file's ``fixed``.
@@ -85,7 +89,7 @@ def load_space(
     Raises:
         SearchSpaceError: naming the file, the field and the fix.
     """
-    path = resolve_space_path(space)
+    path = resolve_space_path(space if space is not None else default_space(engine.platform))
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:

@@ -89,3 +89,39 @@ def summary(study: optuna.Study) -> dict[str, Any]:
     out["baseline_value"] = baseline_value(study)
     out["speedup_over_baseline"] = ratio(best.value, out["baseline_value"])
     return out
+
+
+def failed_baseline(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The baseline that ended without a value and will not run again, while no baseline
+    completed: a study in that state can compare nothing."""
+    if baseline_trial(study) is not None:
+        return None
+    trials = study.get_trials(deepcopy=False)
+    retried = {TrialRecord.of(t).retry_of for t in trials}
+    for t in trials:
+        record = TrialRecord.of(t)
+        finished = t.state in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+        if record.role is Role.BASELINE and finished and record.counted and t.number not in retried:
+            return t
+    return None
+
+
+_BASELINE_HINTS = {
+    "oom": "vLLM's defaults do not fit here; fix what they lack for every trial, e.g. --set "
+    "max_model_len=4096 or --set gpu_memory_utilization=0.8 (on the CPU backend --set "
+    "kv_cache_memory_bytes=..., or the bundled cpu space)",
+    "invalid": "vLLM rejects its defaults under the fixed args; change the --set or fixed: args",
+}
+
+
+def baseline_failure_message(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> str:
+    """Why a study whose baseline failed cannot go on, and what to do."""
+    record = TrialRecord.of(trial)
+    error = " ".join(str(record.error or "no error recorded").split())
+    kind = record.outcome.value if record.outcome else trial.state.name.lower()
+    hint = _BASELINE_HINTS.get(kind, "read its log to see why")
+    return (
+        f"the baseline (trial #{trial.number}, vLLM's defaults under the fixed args) failed, so no "
+        f"config can be compared with it: [{record.error_type or kind}] {error[:400]}. {hint}; then "
+        f"start a new --study (log: {record.log or record.trial_dir or '-'})"
+    )

@@ -47,7 +47,7 @@ from autotune.study.settings import (
     stored_settings,
 )
 from autotune.study.storage import DEFAULT_HEARTBEAT_S, GRACE_HEARTBEATS, open_storage, redact
-from autotune.study.trials import summary
+from autotune.study.trials import baseline_failure_message, failed_baseline, summary
 from autotune.trial.process import stop_requests
 from autotune.trial.record import TrialRecord
 from autotune.trial.telemetry import gpu_names
@@ -259,6 +259,8 @@ def _announce(req: RunRequest, inputs: RunInputs, s: Session, counted: int) -> N
 def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> None:
     """Run trials until the budget is used up or a stopping rule fires."""
     study, slots = s.study, inputs.pool.slots
+    if (failed := failed_baseline(study)) is not None:
+        raise StudyError(baseline_failure_message(study, failed))
     counted = counted_trials(study)
     _announce(req, inputs, s, counted)
     objective = Objective(
@@ -323,12 +325,14 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> None:
                 # outage stopped its heartbeats): its config runs again there; go on
                 _logger.warning("a trial of this worker was failed by another worker (%s); going on", e)
                 continue
-            if rules.reason in (StopReason.SKIPS, StopReason.TIME, StopReason.REPEATS):
+            if rules.reason not in (None, StopReason.BUDGET):
                 break
             if not budget_left():  # a retry may have freed budget; other workers may still run
                 break
     finally:
         progress.close()
+    if rules.reason is StopReason.BASELINE and (failed := failed_baseline(study)) is not None:
+        raise StudyError(baseline_failure_message(study, failed))
     if rules.stopped_for_skips:
         raise StudyError(
             f"the last {rules.max_consecutive_skips} configs proposed all broke a constraint "

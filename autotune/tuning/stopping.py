@@ -10,7 +10,10 @@ The rules, checked after every trial (as Syne Tune's stopping criteria and Optun
 - **skips**: the constraints ruled out ``max_consecutive_skips`` proposals in a row (they rule
   out nearly the whole space);
 - **repeats**: the sampler proposed configs measured already ``max_consecutive_repeats`` times in
-  a row (the search has converged).
+  a row (the search has converged);
+- **baseline**: the baseline (vLLM's defaults under the fixed args) failed and will not run again:
+  no speedup can be measured, and what failed it (an out-of-memory default, a wrong fixed arg)
+  usually fails every other config too.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import optuna
 from autotune._logging import get_logger
 from autotune.study.budget import counted_trials
 from autotune.trial.outcome import engine_start_s
-from autotune.trial.record import TrialRecord
+from autotune.trial.record import Role, TrialRecord
 
 _logger = get_logger(__name__)
 
@@ -40,6 +43,7 @@ class StopReason(enum.Enum):
     TIME = "time"
     SKIPS = "skips"
     REPEATS = "repeats"
+    BASELINE = "baseline"
 
 
 @dataclass
@@ -102,6 +106,8 @@ class StopRules:
             return StopReason.SKIPS if self.consecutive_skips >= self.max_consecutive_skips else None
         self.consecutive_skips = 0
         self.launched += 1
+        if record.role is Role.BASELINE and baseline_failed(study, trial):
+            return StopReason.BASELINE
         if counted_trials(study) >= self.budget:
             return StopReason.BUDGET
         if self.time_budget_s is None:
@@ -129,3 +135,11 @@ class StopRules:
             self.launched,
         )
         return StopReason.TIME
+
+
+def baseline_failed(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+    """``trial``, the baseline, ended without a value, counted, and with no retry queued."""
+    if trial.state == optuna.trial.TrialState.COMPLETE or not TrialRecord.of(trial).counted:
+        return False
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    return not any(TrialRecord.of(t).retry_of == trial.number for t in waiting)
