@@ -37,3 +37,21 @@ def test_a_failed_baseline_ends_the_run_loudly_and_a_resume_says_why(tmp_path: P
     assert again.returncode == 2 and "the baseline (trial #0" in again.stderr, again.stderr[-3000:]
     assert len(optuna.load_study(study_name="s", storage=f"sqlite:///{studies}/s.db").trials) == 1
     assert json.loads((studies / "s" / "trials" / "0" / "result.json").read_text())["outcome"] == "oom"
+
+
+@pytest.mark.parametrize("name", ["cpu", "throughput"])
+def test_every_bundled_space_holds_vllms_defaults_strictly_inside(engine, name):
+    from autotune.space.load import defaults_outside
+
+    # on a GPU box tensor_parallel_size is searched from 1, its default and its floor
+    assert defaults_outside(load_space(name, engine, gpus=4), engine) == []
+
+
+def test_a_range_that_tops_out_at_the_default_says_which_bound_to_widen(engine, tmp_path: Path):
+    from autotune.space.load import build_space, defaults_outside
+
+    seqs = engine.default("max_num_seqs")
+    assert isinstance(seqs, int)  # resolved for this machine by the --describe worker
+    raw = {"parameters": {"max_num_seqs": {"type": "int", "low": 1, "high": seqs, "log": True}}}
+    (message,) = defaults_outside(build_space(raw, engine, source="my.yaml"), engine, source="my.yaml")
+    assert "parameters.max_num_seqs" in message and f"widen 'high' above {seqs}" in message

@@ -44,6 +44,15 @@ class EngineInfo:
     distribution: str
     platform: str
     args: dict[str, ArgInfo] = field(default_factory=dict)
+    #: defaults vLLM resolves on this machine where the field's own default is None
+    platform_defaults: dict[str, Any] = field(default_factory=dict)
+
+    def default(self, name: str) -> Any:
+        """What ``name`` is when a config leaves it unset (None where vLLM decides it later)."""
+        if name in self.platform_defaults:
+            return self.platform_defaults[name]
+        arg = self.args.get(name)
+        return arg.default if arg is not None else None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineInfo:
@@ -60,12 +69,22 @@ class EngineInfo:
                 choices=tuple(choices) if choices is not None else None,
                 nargs=a.get("nargs"),
             )
-        return cls(data["vllm_version"], data["distribution"], data["platform"], args)
+        return cls(
+            data["vllm_version"],
+            data["distribution"],
+            data["platform"],
+            args,
+            dict(data.get("defaults") or {}),
+        )
 
 
 def _cache_path(dist: str, version: str) -> Path:
+    """Per installation and GPU model: vLLM's batch defaults depend on the GPU's memory."""
+    from autotune.trial.telemetry import gpu_names, visible_device_ids
+
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-autotune"
-    key = hashlib.sha256(f"{sys.executable}|{dist}|{version}|1".encode()).hexdigest()[:12]
+    gpus = ",".join(sorted(set(gpu_names(visible_device_ids()))))
+    key = hashlib.sha256(f"{sys.executable}|{dist}|{version}|{gpus}|2".encode()).hexdigest()[:12]
     return root / f"engine-{dist}-{version}-{key}.json"
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from autotune._logging import get_logger
 from autotune.errors import SearchSpaceError
 from autotune.space.spec import TYPES, Constraint, ParamSpec, SearchSpace
 
@@ -41,6 +42,7 @@ else:  # pragma: no cover
 if TYPE_CHECKING:
     from autotune.space.engine_args import EngineInfo
 
+_logger = get_logger(__name__)
 _KEYS = {"type", "low", "high", "log", "step", "choices", "optional"}
 #: Engine args the tuner sets itself or that make no sense to search.
 _RESERVED = {"model"}
@@ -99,9 +101,51 @@ def load_space(
         raise SearchSpaceError(f"{path}: malformed YAML{where}: {problem}") from None
     except OSError as e:
         raise SearchSpaceError(f"{path}: cannot read: {e}") from None
-    return build_space(
+    loaded = build_space(
         raw, engine, source=str(path), gpus=gpus, extra_fixed=extra_fixed, name=Path(path.name).stem
     )
+    for message in defaults_outside(loaded, engine, source=str(path)):
+        _logger.warning("%s", message)
+    return loaded
+
+
+def defaults_outside(space: SearchSpace, engine: EngineInfo, *, source: str = "<space>") -> list[str]:
+    """Where vLLM's default for this machine is not strictly inside a searched range (or is not
+    one of the choices): there the search can only find configs on one side of the baseline's.
+
+    A range that starts at the smallest meaningful value (1, or 0 for a float) may start at the
+    default: ``tensor_parallel_size`` cannot go below 1.
+    """
+    out = []
+    for p in space.parameters:
+        default = engine.default(p.name)
+        if default is None or isinstance(default, bool) or p.type == "bool":
+            continue
+        where = f"{source}: parameters.{p.name}"
+        if p.type == "categorical":
+            if isinstance(default, (int, float, str)) and default not in p.choices:
+                out.append(
+                    f"{where}: vLLM's default here ({default!r}) is not one of the choices "
+                    f"{list(p.choices)}; add it, so the search can stay at the default"
+                )
+            continue
+        if not isinstance(default, (int, float)):
+            continue
+        assert p.low is not None and p.high is not None
+        floor = 1 if p.type == "int" else 0
+        if default >= p.high:
+            out.append(
+                f"{where}: vLLM's default here ({default}) is {'at' if default == p.high else 'above'} "
+                f"the top of the range [{p.low}, {p.high}]: every config searched is below it; "
+                f"widen 'high' above {default}"
+            )
+        elif default <= p.low and not (default == p.low <= floor):
+            out.append(
+                f"{where}: vLLM's default here ({default}) is {'at' if default == p.low else 'below'} "
+                f"the bottom of the range [{p.low}, {p.high}]: every config searched is above it; "
+                f"widen 'low' below {default}"
+            )
+    return out
 
 
 def build_space(

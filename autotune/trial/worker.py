@@ -101,7 +101,24 @@ def describe() -> dict[str, Any]:
         "distribution": dist,
         "platform": str(current_platform.device_type or "unknown"),
         "args": args,
+        "defaults": _platform_defaults(EngineArgs),
     }
+
+
+def _platform_defaults(engine_args: Any) -> dict[str, Any]:
+    """The defaults vLLM resolves for ``LLM(...)`` on this machine where the field says None
+    (they depend on the platform and the GPU: ``max_num_seqs`` is 256 on the CPU, 1024 on an H200)."""
+    from vllm.usage.usage_lib import UsageContext
+
+    try:
+        tokens, seqs = engine_args.get_batch_defaults(world_size=1)
+    except Exception:  # an older vLLM without it, or a platform it cannot query
+        return {}
+    out = {
+        "max_num_batched_tokens": tokens.get(UsageContext.LLM_CLASS),
+        "max_num_seqs": seqs.get(UsageContext.LLM_CLASS),
+    }
+    return {k: v for k, v in out.items() if isinstance(v, int)}
 
 
 def _engine_facts(llm: Any) -> dict[str, Any]:
