@@ -55,3 +55,25 @@ def test_a_range_that_tops_out_at_the_default_says_which_bound_to_widen(engine, 
     raw = {"parameters": {"max_num_seqs": {"type": "int", "low": 1, "high": seqs, "log": True}}}
     (message,) = defaults_outside(build_space(raw, engine, source="my.yaml"), engine, source="my.yaml")
     assert "parameters.max_num_seqs" in message and f"widen 'high' above {seqs}" in message
+
+
+def test_a_smaller_trials_never_lowers_the_budget_silently(tmp_path: Path):
+    from autotune.study.budget import counted_trials
+    from autotune.study.settings import budget
+    from tests.synthetic import make_study
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = make_study(url, n=12, name="s")
+    used = counted_trials(study)
+    assert budget(study) == 30 and used < 30
+    common = ["--study", "s", "--studies-dir", str(tmp_path), "--no-bar"]
+    below = autotune("run", "--trials", "3", *common)
+    assert below.returncode == 0, below.stderr[-2000:]
+    assert f"has used {used} already: nothing more runs, and its budget stays at 30" in below.stderr
+    assert budget(optuna.load_study(study_name="s", storage=url)) == 30
+    lower = autotune("run", "--trials", str(used), *common)  # lowered to what is used: nothing runs
+    assert lower.returncode == 0, lower.stderr[-2000:]
+    assert f"lowering the budget of study 's' from 30 to {used}" in lower.stderr
+    assert budget(optuna.load_study(study_name="s", storage=url)) == used
+    assert f"{used}/{used}" in autotune("ls", "--studies-dir", str(tmp_path)).stdout
+    assert f"budget       {used} trials, {used} used" in autotune("show", *common[:4]).stdout

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from autotune._logging import get_logger
 from autotune.errors import AutotuneError, StorageError, StudyError
 from autotune.output.text import fmt, table
-from autotune.study.settings import raw_settings
+from autotune.study.budget import counted_trials
+from autotune.study.settings import budget, raw_settings
 from autotune.study.trials import baseline_value, best_or_none, ratio
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ class StudySummary:
     model: str
     counts: dict[str, int]
     n_trials: int
+    budget: int | None = None
+    used: int | None = None
     best_value: float | None = None
     best_trial: int | None = None
     baseline_value: float | None = None
@@ -57,6 +60,8 @@ def summarize_study(study: optuna.Study, storage: str) -> StudySummary:
         model=str(settings.get("model", "")),
         counts={k: v for k, v in counts.items() if v or k in ("COMPLETE", "PRUNED", "FAIL")},
         n_trials=len(trials),
+        budget=budget(study) if settings else None,
+        used=counted_trials(study) if settings else None,
         best_value=best.value if best is not None else None,
         best_trial=best.number if best is not None else None,
         baseline_value=base_value,
@@ -134,7 +139,18 @@ def format_list(summaries: Sequence[StudySummary]) -> str:
     if not summaries:
         return "no studies"
     several = len({s.storage for s in summaries}) > 1
-    headers = ["STUDY", "TRIALS", "COMPLETE", "PRUNED", "FAIL", "BEST", "x BASELINE", "OBJECTIVE", "MODEL"]
+    headers = [
+        "STUDY",
+        "TRIALS",
+        "BUDGET",
+        "COMPLETE",
+        "PRUNED",
+        "FAIL",
+        "BEST",
+        "x BASELINE",
+        "OBJECTIVE",
+        "MODEL",
+    ]
     rows = []
     for s in summaries:
         best = f"{fmt(s.best_value)} (#{s.best_trial})" if s.best_value is not None else "-"
@@ -143,8 +159,9 @@ def format_list(summaries: Sequence[StudySummary]) -> str:
         other = s.n_trials - sum(int(c) for c in counts)
         trials = f"{s.n_trials}" + (f" ({other} running/waiting)" if other else "")
         model = s.model if s.autotune else "(not an autotune study)"
-        rows.append([s.name, trials, *counts, best, speed, s.objective or "-", model])
-    text = table(headers, rows, right={1, 2, 3, 4, 5, 6})
+        used = f"{s.used}/{s.budget}" if s.budget is not None else "-"
+        rows.append([s.name, trials, used, *counts, best, speed, s.objective or "-", model])
+    text = table(headers, rows, right={1, 2, 3, 4, 5, 6, 7})
     if several:
         text += "\n\n" + "\n".join(f"{s.name}: {s.storage}" for s in summaries)
     return text

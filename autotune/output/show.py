@@ -76,6 +76,8 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
         "searching": [_describe_param(n, s) for n, s in (space.get("parameters") or {}).items()],
         "constraints": space.get("constraints") or [],
         "counts": summary.counts,
+        "budget": summary.budget,
+        "budget_used": summary.used,
         "best": None
         if best is None
         else {"trial": best.number, "value": best.value, "speedup_over_baseline": best.speedup},
@@ -109,6 +111,11 @@ def format_show(doc: dict[str, Any]) -> str:
     if doc["constraints"]:
         lines.append(f"  constraints  {'; '.join(doc['constraints'])}")
     lines.append(f"  trials       {sum(doc['counts'].values())}: {counts or 'none'}")
+    if doc["budget"] is not None:
+        lines.append(
+            f"  budget       {doc['budget']} trials, {doc['budget_used']} used (repeats, skips and "
+            "cut-off trials use none); `autotune run --study S --trials N` sets it"
+        )
     lines.append("")
     best, base = doc["best"], doc["baseline"]
     if best is None:

@@ -202,20 +202,35 @@ def _recover(study: optuna.Study, storage: optuna.storages.BaseStorage, sole_wor
 
 def _set_budget(study: optuna.Study, req: RunRequest, created: bool, heartbeat_s: int) -> int:
     """The budget lives in the study, shared by every worker: ``--trials N`` sets it to N (the
-    same command on each machine, or again after a crash, keeps it); a plain resume runs up to it."""
-    total = req.trials or (DEFAULT_TRIALS if created else budget(study))
-    if created or req.trials is not None:
-        study.set_user_attr(BUDGET_ATTR, total)
+    same command on each machine, or again after a crash, keeps it); a plain resume runs up to it.
+    A stored budget is never lowered without a word, and never below the trials already used."""
     if created:
         study.set_user_attr(HEARTBEAT_ATTR, heartbeat_s)
-    if req.trials is not None and not created and req.trials < (already := counted_trials(study)):
+        study.set_user_attr(BUDGET_ATTR, req.trials or DEFAULT_TRIALS)
+        return req.trials or DEFAULT_TRIALS
+    stored = budget(study)
+    if req.trials is None or req.trials == stored:
+        return stored
+    used = counted_trials(study)
+    if req.trials < used:
         _logger.warning(
-            "--trials %d is the study's total budget, and it has %d trials already: nothing more "
-            "runs; pass a larger --trials to extend it",
+            "--trials %d is the study's total budget, and it has used %d already: nothing more runs, "
+            "and its budget stays at %d (a plain resume runs up to it); pass --trials M > %d to extend it",
             req.trials,
-            already,
+            used,
+            stored,
+            used,
         )
-    return total
+        return req.trials
+    if req.trials < stored:
+        _logger.warning(
+            "lowering the budget of study %r from %d to %d trials (--trials is the total, not the number to add)",
+            study.study_name,
+            stored,
+            req.trials,
+        )
+    study.set_user_attr(BUDGET_ATTR, req.trials)
+    return req.trials
 
 
 def _requests_file(study_dir: Path, wl: WorkloadSpec, *, fresh: bool) -> str | None:
