@@ -224,7 +224,8 @@ def _set_budget(study: optuna.Study, req: RunRequest, created: bool, heartbeat_s
         return req.trials
     if req.trials < stored:
         _logger.warning(
-            "lowering the budget of study %r from %d to %d trials (--trials is the total, not the number to add)",
+            "lowering the budget of study %r from %d to %d trials (--trials is the total, not the "
+            "number to add)",
             study.study_name,
             stored,
             req.trials,
