@@ -77,3 +77,30 @@ def test_a_smaller_trials_never_lowers_the_budget_silently(tmp_path: Path):
     assert budget(optuna.load_study(study_name="s", storage=url)) == used
     assert f"{used}/{used}" in autotune("ls", "--studies-dir", str(tmp_path)).stdout
     assert f"budget       {used} trials, {used} used" in autotune("show", *common[:4]).stdout
+
+
+def test_a_jsonl_workload_says_its_real_output_length():
+    from autotune.trial.workload import WorkloadSpec
+
+    text = WorkloadSpec(kind="jsonl", path="p.jsonl", count=None, output_len=None).describe()
+    assert "256" in text and "reply" not in text
+    assert (
+        "each reply's length"
+        in WorkloadSpec(kind="sharegpt", path="c.json", count=None, output_len=None).describe()
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_outputs_shortened_to_fit_max_model_len_are_said(tmp_path: Path, tiny_model: Path):
+    prompts = tmp_path / "p.jsonl"
+    words = "the scheduler packs many requests into each batch so the accelerator stays busy " * 6
+    prompts.write_text("".join(json.dumps({"prompt": f"{i} {words}"}) + "\n" for i in range(6)))
+    proc = autotune(
+        "run", "--model", str(tiny_model), "--study", "s", "--studies-dir", str(tmp_path / "studies"),
+        "--workload", f"jsonl:{prompts},output_len=100", "--set", "max_model_len=160", "--trials", "1",
+        "--no-bar", "--trial-timeout", "300",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "6 of 6 requests were shortened to fit max_model_len=160" in proc.stderr, proc.stderr[-3000:]
+    assert "of 600 requested output tokens are generated" in proc.stderr

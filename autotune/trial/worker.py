@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.trial import protocol
+from autotune.trial.workload import DEFAULT_OUTPUT_LEN
 
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "str"}
 
@@ -175,12 +176,13 @@ def build_requests(
         n = rec.get("output_len")
         if n is None and rec.get("completion") and tokenizer is not None:
             n = len(tokenizer(rec["completion"], add_special_tokens=False).input_ids)
-        out.append((prompt, max(1, int(n or workload.get("output_len") or 256))))
+        out.append((prompt, max(1, int(n or workload.get("output_len") or DEFAULT_OUTPUT_LEN))))
     return out
 
 
 def _fit(requests: list[tuple[Any, int]], tokenizer: Any, max_model_len: int) -> list[tuple[Any, int]]:
-    """Keep every request within ``max_model_len`` by shortening its output, as a server would."""
+    """Keep every request within ``max_model_len`` by shortening its output, as a server would
+    (the parent says how many were shortened: ``requested_output_tokens`` in the metrics)."""
     fitted = []
     for prompt, n in requests:
         if isinstance(prompt, dict):
@@ -198,11 +200,76 @@ def _fit(requests: list[tuple[Any, int]], tokenizer: Any, max_model_len: int) ->
     return fitted
 
 
+def _requests(
+    spec: dict[str, Any], llm: Any, tokenizer: Any, max_model_len: int
+) -> tuple[list[Any], dict[str, int]]:
+    """The workload's requests fitted to ``max_model_len``, and how many were shortened to fit."""
+    records = []
+    if spec.get("requests_file"):
+        with open(spec["requests_file"], encoding="utf-8") as fh:
+            records = [json.loads(line) for line in fh if line.strip()]
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    requests = build_requests(spec["workload"], records, vocab, tokenizer)
+    fitted = _fit(requests, tokenizer, max_model_len)
+    shortened = sum(1 for (_, a), (_, b) in zip(requests, fitted, strict=True) if b < a)
+    return fitted, {
+        "requested_output_tokens": sum(n for _, n in requests),
+        "shortened_requests": shortened,
+    }
+
+
+def _measure(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """Warm up, then time one ``generate()`` over every request."""
+    from vllm import SamplingParams
+
+    sampling = spec.get("sampling", {})
+
+    def params(n: int) -> Any:
+        return SamplingParams(
+            max_tokens=n,
+            min_tokens=n,
+            ignore_eos=True,
+            temperature=sampling.get("temperature", 0.8),
+            top_p=sampling.get("top_p", 0.95),
+            detokenize=tokenizer is not None and sampling.get("detokenize", True),
+        )
+
+    protocol.emit("phase", phase="warmup", t=time.time())
+    t0 = time.perf_counter()
+    k = min(len(requests), int(spec.get("warmup_requests", 16)))
+    if k:
+        llm.generate(
+            [p for p, _ in requests[:k]], [params(min(n, 16)) for _, n in requests[:k]], use_tqdm=False
+        )
+        # the timed run must not find the warm-up's prompts in the prefix cache: that would
+        # favour small blocks and prefix caching itself, both of which are searched
+        llm.reset_prefix_cache()
+    warmup_s = time.perf_counter() - t0
+
+    protocol.emit("phase", phase="generate", t=time.time())
+    t0 = time.perf_counter()
+    outputs = llm.generate([p for p, _ in requests], [params(n) for _, n in requests], use_tqdm=False)
+    generate_s = time.perf_counter() - t0
+    protocol.emit("phase", phase="shutdown", t=time.time())
+    prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
+    output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return {
+        "output_tokens_per_s": output_tokens / generate_s,
+        "total_tokens_per_s": (prompt_tokens + output_tokens) / generate_s,
+        "requests_per_s": len(outputs) / generate_s,
+        "generate_s": generate_s,
+        "warmup_s": warmup_s,
+        "num_requests": len(outputs),
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+    }
+
+
 def run(spec: dict[str, Any]) -> int:
     """Run one trial described by ``spec`` (see :mod:`autotune.trial.runner`); returns the exit code."""
     protocol.emit("phase", phase="import", t=time.time())
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
@@ -223,57 +290,11 @@ def run(spec: dict[str, Any]) -> int:
         facts = _engine_facts(llm)
         protocol.emit("engine", vllm_version=vllm.__version__, **facts)
         tokenizer = None if kwargs.get("skip_tokenizer_init") else llm.get_tokenizer()
-        records = []
-        if spec.get("requests_file"):
-            with open(spec["requests_file"], encoding="utf-8") as fh:
-                records = [json.loads(line) for line in fh if line.strip()]
-        vocab = llm.llm_engine.model_config.get_vocab_size()
-        requests = build_requests(spec["workload"], records, vocab, tokenizer)
-        requests = _fit(requests, tokenizer, int(facts.get("max_model_len") or 1 << 30))
-        sampling = spec.get("sampling", {})
-
-        def params(n: int) -> Any:
-            return SamplingParams(
-                max_tokens=n,
-                min_tokens=n,
-                ignore_eos=True,
-                temperature=sampling.get("temperature", 0.8),
-                top_p=sampling.get("top_p", 0.95),
-                detokenize=tokenizer is not None and sampling.get("detokenize", True),
-            )
-
-        protocol.emit("phase", phase="warmup", t=time.time())
-        t0 = time.perf_counter()
-        k = min(len(requests), int(spec.get("warmup_requests", 16)))
-        if k:
-            llm.generate(
-                [p for p, _ in requests[:k]], [params(min(n, 16)) for _, n in requests[:k]], use_tqdm=False
-            )
-            # the timed run must not find the warm-up's prompts in the prefix cache: that would
-            # favour small blocks and prefix caching itself, both of which are searched
-            llm.reset_prefix_cache()
-        warmup_s = time.perf_counter() - t0
-
-        protocol.emit("phase", phase="generate", t=time.time())
-        t0 = time.perf_counter()
-        outputs = llm.generate([p for p, _ in requests], [params(n) for _, n in requests], use_tqdm=False)
-        generate_s = time.perf_counter() - t0
-        protocol.emit("phase", phase="shutdown", t=time.time())
-
-        prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
-        output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-        metrics = {
-            "output_tokens_per_s": output_tokens / generate_s,
-            "total_tokens_per_s": (prompt_tokens + output_tokens) / generate_s,
-            "requests_per_s": len(outputs) / generate_s,
-            "generate_s": generate_s,
-            "engine_start_s": engine_start_s,
-            "warmup_s": warmup_s,
-            "num_requests": len(outputs),
-            "prompt_tokens": prompt_tokens,
-            "output_tokens": output_tokens,
-            "kv_cache_tokens": facts.get("kv_cache_tokens"),
-        }
+        requests, fit = _requests(spec, llm, tokenizer, int(facts.get("max_model_len") or 1 << 30))
+        metrics = _measure(llm, requests, spec, tokenizer)
+        metrics.update(engine_start_s=engine_start_s, kv_cache_tokens=facts.get("kv_cache_tokens"))
+        metrics.update(requested_output_tokens=fit["requested_output_tokens"])
+        metrics.update(shortened_requests=fit["shortened_requests"])
         protocol.emit("result", metrics=metrics)
     finally:
         llm.llm_engine.engine_core.shutdown()

@@ -35,6 +35,8 @@ _ALLOWED = {
 }
 #: Upper bound on requests in one workload; more would only lengthen every trial.
 MAX_REQUESTS = 1_000_000
+#: output tokens of a file request that names none (no output_len, no reply to measure)
+DEFAULT_OUTPUT_LEN = 256
 _EXAMPLE = "e.g. --workload synthetic:count=1000,input_len=256,output_len=256"
 
 
@@ -60,7 +62,12 @@ class WorkloadSpec:
                 f"synthetic: {self.count} prompts x {self.input_len} tokens in, "
                 f"{self.output_len} out{extra} (seed {self.seed})"
             )
-        out = f"{self.output_len} out" if self.output_len else "reply-length out"
+        if self.output_len:
+            out = f"{self.output_len} tokens out each"
+        elif self.kind == "sharegpt":
+            out = "each reply's length out"
+        else:
+            out = f"each line's output_len out, else {DEFAULT_OUTPUT_LEN} (output_len=N sets all)"
         return f"{self.kind}: {self.path} ({self.count or 'all'} prompts, {out})"
 
 

@@ -49,6 +49,7 @@ class Progress:
     launched: int = 0
     _bar: Any = None
     _warned_short: bool = False
+    _warned_shortened: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -88,9 +89,27 @@ class Progress:
         counted = counted_trials(study)
         self._log(study, trial, record, counted)
         self._warn_if_short(trial.number, record)
+        self._warn_if_shortened(trial.number, record)
         if self._bar is not None:  # counted, not launched: a trial run again is counted once
             self._bar.n = counted
             self._bar.refresh()
+
+    def _warn_if_shortened(self, number: int, record: TrialRecord) -> None:
+        shortened = record.metrics.get("shortened_requests")
+        if self._warned_shortened or not shortened:
+            return
+        self._warned_shortened = True
+        _logger.warning(
+            "trial #%d: %d of %d requests were shortened to fit max_model_len=%s: %s of %s requested "
+            "output tokens are generated, in every trial; to measure the whole workload raise "
+            "max_model_len (--set max_model_len=N) or use shorter prompts",
+            number,
+            shortened,
+            record.metrics.get("num_requests", 0),
+            record.engine.get("max_model_len", "?"),
+            f"{record.metrics.get('output_tokens', 0):,}",
+            f"{record.metrics.get('requested_output_tokens', 0):,}",
+        )
 
     def _warn_if_short(self, number: int, record: TrialRecord) -> None:
         generate_s = record.metrics.get("generate_s")
