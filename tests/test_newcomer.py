@@ -104,3 +104,34 @@ def test_outputs_shortened_to_fit_max_model_len_are_said(tmp_path: Path, tiny_mo
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "6 of 6 requests were shortened to fit max_model_len=160" in proc.stderr, proc.stderr[-3000:]
     assert "of 600 requested output tokens are generated" in proc.stderr
+
+
+def test_an_invalid_configs_cause_is_what_show_says():
+    from autotune.trial.outcome import error_summary
+
+    error = (
+        "ValidationError: 1 validation error for SchedulerConfig\n  Value error, "
+        "long_prefill_token_threshold (8192) cannot be greater than the max_model_len (2048). "
+        "[type=value_error, input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]"
+    )
+    assert error_summary(error) == (
+        "SchedulerConfig: long_prefill_token_threshold (8192) cannot be greater than the max_model_len (2048)."
+    )
+
+
+def test_values_that_can_only_be_invalid_for_the_model_are_not_searched(engine, tiny_model: Path):
+    from autotune.space.constraints import bound_by_context
+    from autotune.space.load import build_space
+    from autotune.trial.model_ref import context_length
+
+    assert context_length(str(tiny_model)) == 2048  # the tiny Llama's max_position_embeddings
+    raw = {
+        "parameters": {
+            "long_prefill_token_threshold": {"type": "categorical", "choices": [0, 512, 2048, 8192]}
+        }
+    }
+    space, notes = bound_by_context(build_space(raw, engine), context_length(str(tiny_model)))
+    assert space.parameters[0].choices == (0, 512, 2048)
+    assert notes == ["long_prefill_token_threshold: [8192] dropped, above max_model_len (2048)"]
+    fixed = build_space({**raw, "fixed": {"max_model_len": 1024}}, engine)
+    assert bound_by_context(fixed, 2048)[0].parameters[0].choices == (0, 512)  # the fixed one wins

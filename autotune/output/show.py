@@ -10,6 +10,7 @@ from autotune.output.listing import summarize_study
 from autotune.output.text import fmt, indent, table
 from autotune.study.settings import raw_settings
 from autotune.study.trials import baseline_trial
+from autotune.trial.outcome import error_summary
 
 if TYPE_CHECKING:
     import optuna
@@ -90,7 +91,7 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
 def _short(text: str | None, n: int = 90) -> str:
     if not text:
         return ""
-    one = " ".join(str(text).split())
+    one = error_summary(str(text))
     return one if len(one) <= n else one[: n - 3] + "..."
 
 

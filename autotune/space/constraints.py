@@ -8,12 +8,13 @@ worker's validation step, which runs vLLM's own checks before any weights load, 
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from autotune.errors import SearchSpaceError
-from autotune.space.load import Constraint, SearchSpace
+from autotune.space.spec import Constraint, SearchSpace
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<=": operator.le,
@@ -109,3 +110,35 @@ def check_feasible(space: SearchSpace, *, gpus: int = 1, samples: int = 300, see
         f"space {space.name}: constraints rule out all {samples} configs sampled from it, broken: "
         f"{worst}; loosen the constraints or the parameter ranges"
     )
+
+
+#: parameters that can never exceed the context length (vLLM rejects the config)
+_AT_MOST_MAX_MODEL_LEN = ("long_prefill_token_threshold",)
+
+
+def bound_by_context(space: SearchSpace, max_model_len: int | None) -> tuple[SearchSpace, list[str]]:
+    """The space without values that can only be invalid for a model of ``max_model_len`` tokens
+    (``long_prefill_token_threshold`` above it), so no trial is spent on them; what was cut, in words.
+
+    ``max_model_len`` is the space's fixed one if it has one, else the model's own context length.
+    """
+    fixed_len = space.fixed.get("max_model_len")
+    bound = fixed_len if isinstance(fixed_len, int) and not isinstance(fixed_len, bool) else max_model_len
+    if bound is None:
+        return space, []
+    params, notes = [], []
+    for p in space.parameters:
+        if p.name not in _AT_MOST_MAX_MODEL_LEN:
+            params.append(p)
+            continue
+        if p.type == "categorical":
+            keep = tuple(c for c in p.choices if not (isinstance(c, (int, float)) and c > bound))
+            if len(keep) < len(p.choices) and keep:
+                cut = [c for c in p.choices if c not in keep]
+                notes.append(f"{p.name}: {cut} dropped, above max_model_len ({bound})")
+                p = dataclasses.replace(p, choices=keep)
+        elif p.type == "int" and p.high is not None and p.low is not None and p.low <= bound < p.high:
+            notes.append(f"{p.name}: high {p.high} lowered to max_model_len ({bound})")
+            p = dataclasses.replace(p, high=bound)
+        params.append(p)
+    return dataclasses.replace(space, parameters=tuple(params)), notes

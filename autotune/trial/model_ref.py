@@ -30,3 +30,34 @@ def check_model(model: str) -> str:
     if looks_local or not _HUB_ID.match(model):
         raise ModelError(f"--model {model}: no such directory, and not a hub id like org/name")
     return model
+
+
+#: the config keys vLLM derives a model's context length from (the smallest one present wins)
+_LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
+def context_length(model: str) -> int | None:
+    """The longest context a local checkpoint declares (what vLLM's ``max_model_len`` defaults
+    to); None for a hub id, an unreadable config, or one whose rope scaling stretches it."""
+    import json
+
+    path = Path(model) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or config.get("rope_scaling"):
+        return None
+    found = [
+        v for k in _LENGTH_KEYS if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0
+    ]
+    return min(found) if found else None

@@ -160,3 +160,15 @@ def classify(
         else next((ln for ln in reversed(stderr_tail.strip().splitlines()) if ln.strip()), "")
     )
     return Outcome.CRASH, "crash", f"worker exited with code {returncode}: {last[:400]}", {}
+
+
+_VALIDATION = re.compile(r"validation errors? for (\w+)\s*\n\s*(?:Value error, )?(.+?)(?:\s*\[type=|\n|$)")
+
+
+def error_summary(error: str) -> str:
+    """An error on one line, its cause first: pydantic's ``1 validation error for
+    SchedulerConfig / Value error, X`` reads ``SchedulerConfig: X``."""
+    m = _VALIDATION.search(error)
+    if m:
+        return f"{m.group(1)}: {m.group(2).strip()}"
+    return " ".join(error.split())

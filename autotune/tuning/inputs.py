@@ -6,17 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune._logging import get_logger
 from autotune.errors import StudyError
-from autotune.space.constraints import check_feasible
+from autotune.space.constraints import bound_by_context, check_feasible
 from autotune.space.engine_args import EngineInfo, describe_engine
 from autotune.space.load import load_space
 from autotune.space.spec import SearchSpace
 from autotune.study.storage import check_study_name, default_url, sqlite_path
-from autotune.trial.model_ref import check_model
+from autotune.trial.model_ref import check_model, context_length
 from autotune.trial.telemetry import visible_device_ids
 from autotune.trial.workload import WorkloadSpec, load_requests, parse_workload
 from autotune.tuning.placement import SlotPool, plan_slots
 from autotune.tuning.request import RunRequest
+
+_logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,14 +73,18 @@ def check_inputs(req: RunRequest) -> RunInputs:
     new = db is not None and not db.is_file()
     if new and model is None:
         raise StudyError(f"study {name!r} does not exist yet; give --model to create it")
-    space = load_space_for(req.space, engine, pool, req.fixed) if req.space or new else None
+    space = load_space_for(req.space, engine, pool, req.fixed, model) if req.space or new else None
     return RunInputs(name, url, engine, pool, model, workload, space, new)
 
 
 def load_space_for(
-    space: str | None, engine: EngineInfo, pool: SlotPool, fixed: dict[str, object]
+    space: str | None, engine: EngineInfo, pool: SlotPool, fixed: dict[str, object], model: str | None
 ) -> SearchSpace:
-    """``--space`` (or the default) with ``--set`` on top, checked, and feasible."""
+    """``--space`` (or the platform's default) with ``--set`` on top, checked, without values that
+    can only be invalid for the model, and feasible."""
     loaded = load_space(space, engine, gpus=pool.gpus_per_trial, extra_fixed=fixed)
+    loaded, notes = bound_by_context(loaded, context_length(model) if model else None)
+    for note in notes:
+        _logger.info("space: %s", note)
     check_feasible(loaded, gpus=pool.gpus_per_trial)
     return loaded

@@ -13,6 +13,7 @@ import optuna
 from autotune._logging import get_logger
 from autotune.study.budget import counted_trials
 from autotune.study.trials import baseline_value, best_or_none
+from autotune.trial.outcome import error_summary
 from autotune.trial.record import Role, TrialRecord
 
 _logger = get_logger(__name__)
@@ -133,7 +134,7 @@ class Progress:
             speed = f" (x{trial.value / base_value:.2f} vs defaults)" if base_value else ""
             what = f"{trial.value:,.1f} {self.objective}{speed}"
         else:
-            what = f"{trial.state.name} [{record.error_type}] " + str(record.error or "")[:160]
+            what = f"{trial.state.name} [{record.error_type}] " + error_summary(record.error or "")[:160]
         best = best_or_none(study)
         best_txt = (
             f"best {best.value:,.1f} (#{best.number})" if best is not None else "no completed trial yet"

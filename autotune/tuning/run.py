@@ -165,7 +165,7 @@ def open_session(req: RunRequest, inputs: RunInputs) -> Session:
     existing = load_existing(inputs.name, storage)
     settings: StudySettings | None = None
     if existing is None:
-        space = inputs.space or load_space_for(req.space, inputs.engine, inputs.pool, req.fixed)
+        space = inputs.space or load_space_for(req.space, inputs.engine, inputs.pool, req.fixed, inputs.model)
         settings = _new_settings(req, inputs, space)
     else:
         space = _resumed_space(req, inputs, stored_settings(existing))
