@@ -115,7 +115,8 @@ def test_an_invalid_configs_cause_is_what_show_says():
         "[type=value_error, input_value=ArgsKwargs((), {}), input_type=ArgsKwargs]"
     )
     assert error_summary(error) == (
-        "SchedulerConfig: long_prefill_token_threshold (8192) cannot be greater than the max_model_len (2048)."
+        "SchedulerConfig: long_prefill_token_threshold (8192) cannot be greater than the "
+        "max_model_len (2048)."
     )
 
 
