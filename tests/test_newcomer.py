@@ -136,3 +136,38 @@ def test_values_that_can_only_be_invalid_for_the_model_are_not_searched(engine, 
     assert notes == ["long_prefill_token_threshold: [8192] dropped, above max_model_len (2048)"]
     fixed = build_space({**raw, "fixed": {"max_model_len": 1024}}, engine)
     assert bound_by_context(fixed, 2048)[0].parameters[0].choices == (0, 512)  # the fixed one wins
+
+
+def test_a_run_ends_with_what_was_found_and_what_to_do_next():
+    from autotune.output.summary import format_summary
+
+    found = {
+        "study": "s",
+        "objective": "output_tokens_per_s",
+        "trials": {"COMPLETE": 5, "PRUNED": 1},
+        "best": {"trial": 3, "value": 1200.0},
+        "baseline_trial": 0,
+        "baseline_value": 1000.0,
+        "speedup_over_baseline": 1.2,
+    }
+    text = format_summary(found, " --studies-dir runs")
+    assert "x1.200 over vLLM's defaults" in text
+    assert "next: autotune export --study s --studies-dir runs --out best.json" in text
+    same = format_summary({**found, "best": {"trial": 0, "value": 1000.0}, "speedup_over_baseline": 1.0})
+    assert "nothing beat vLLM's defaults" in same and "x1.000" not in same
+
+
+def test_help_describes_each_command_with_an_example():
+    commands = ("run", "demo", "ls", "show", "importance", "report", "export")
+    for command in commands:
+        out = autotune(command, "--help").stdout
+        assert "example:" in out and f"autotune {command}" in out, command
+    run = " ".join(autotune("run", "--help").stdout.split())
+    assert "jsonl:FILE" in run and "sharegpt:FILE" in run  # the workload kinds
+    assert "cpu, throughput" in run  # the bundled spaces
+    assert "(default 1800;" in run  # --trial-timeout's default
+    assert "name of the study to read" in " ".join(autotune("show", "--help").stdout.split())
+    demo = " ".join(autotune("demo", "--help").stdout.split())
+    assert "--studies-dir STUDIES_DIR home of the study" in demo and "--space SPACE search space" in demo
+    bad = autotune("show", "--study", "nope", "--studies-dir", "/nonexistent", "--debug")
+    assert bad.returncode == 2 and "Traceback" in bad.stderr  # --debug after the command works

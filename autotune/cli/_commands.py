@@ -47,8 +47,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpus_per_trial=args.gpus_per_trial,
         heartbeat_s=args.heartbeat,
     )
-    print(json.dumps(run_study(request), indent=2))
+    _print_summary(args, run_study(request))
     return 0
+
+
+def _print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
+    """The run's end: the JSON summary with --json, else what was found and what to do next."""
+    from autotune.output.summary import format_summary
+    from autotune.study.storage import redact
+
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return
+    where = f" --storage {redact(args.storage)}" if args.storage else ""
+    if str(args.studies_dir) != "studies":
+        where += f" --studies-dir {args.studies_dir}"
+    print(format_summary(summary, where))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -70,7 +84,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     summary = run_study(request)
     out = args.studies_dir / f"{args.study}-best.json"
     export(args.study, args.storage, args.studies_dir, out, importance=True)
-    print(json.dumps(summary, indent=2))
+    _print_summary(args, summary)
     return 0
 
 
@@ -86,8 +100,8 @@ def export(study_name: str, storage: str | None, studies_dir: Any, out: Any, *, 
     if importance:
         from autotune.analysis.importance import export_importance
 
-        section, table = export_importance(study)
-        print(table)
+        section, line = export_importance(study)
+        _logger.info("%s", line)
     doc = build_export(study, describe_engine(), url, importance=section)
     path = write_export(doc, out)
     speed = doc["speedup_over_baseline"]

@@ -95,6 +95,7 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study (default 0)")
     p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")
+    p.add_argument("--json", action="store_true", help="end with the run's summary as JSON")
 
 
 def _command(

@@ -65,6 +65,7 @@ def build_tiny_llama(
         vocab_size=vocab_size,
         special_tokens=special,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     bpe.train_from_iterator(_corpus(2000, seed), trainer=trainer)
     from tokenizers import decoders
@@ -90,5 +91,8 @@ def build_tiny_llama(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(dtype=torch.bfloat16)  # type: ignore[call-arg,arg-type]
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" would clutter the demo's output
     model.save_pretrained(out, safe_serialization=True)
     return out

@@ -86,7 +86,9 @@ def summary(study: optuna.Study) -> dict[str, Any]:
         "value": best.value,
         "engine_kwargs": TrialRecord.of(best).engine_kwargs,
     }
-    out["baseline_value"] = baseline_value(study)
+    base = baseline_trial(study)
+    out["baseline_trial"] = base.number if base is not None else None
+    out["baseline_value"] = base.value if base is not None else None
     out["speedup_over_baseline"] = ratio(best.value, out["baseline_value"])
     return out
 

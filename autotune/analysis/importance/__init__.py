@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune._logging import get_logger
 from autotune.analysis.importance._fanova import compare_with_fanova, fanova_importance
-from autotune.analysis.importance._format import format_table
+from autotune.analysis.importance._format import format_table, headline
 from autotune.analysis.importance._results import (
     FanovaResult,
     ImportanceReport,
@@ -141,7 +141,7 @@ def compute_importance(
 
 
 def export_importance(study: optuna.Study, **kwargs: Any) -> tuple[dict[str, Any], str]:
-    """:func:`compute_importance` for an export: its ``importance`` entry and the terminal table.
+    """:func:`compute_importance` for an export: its ``importance`` entry and a one-line summary.
 
     Never raises: an export must not fail because the ranking could not be computed; the entry
     then holds ``{"status": "error", "message": ...}`` and the text says the same.
@@ -154,7 +154,7 @@ def export_importance(study: optuna.Study, **kwargs: Any) -> tuple[dict[str, Any
         _logger.warning("importance failed: %s: %s", type(e).__name__, e)
         message = f"{type(e).__name__}: {e}"
         return {"status": "error", "message": message}, f"parameter importance failed: {message}"
-    return {"status": "ok", **report.to_dict()}, format_table(report)
+    return {"status": "ok", **report.to_dict()}, headline(report)
 
 
 def importance_section(study: optuna.Study, **kwargs: Any) -> dict[str, Any]:

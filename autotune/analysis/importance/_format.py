@@ -52,3 +52,16 @@ def format_table(report: ImportanceReport) -> str:
         lines.append("")
         lines += [f"note: {n}" for n in report.notes]
     return "\n".join(lines)
+
+
+def headline(report: ImportanceReport) -> str:
+    """The ranking in one line: the top parameters and whether the surrogate can be trusted."""
+    m = report.objective_model
+    if m.status != "ok":
+        return f"parameter importance: {m.message}"
+    top = ", ".join([p.name for p in m.params if not p.constant and p.mean > 0][:3]) or "none stands out"
+    trust = "" if m.trustworthy else "; not trustworthy yet"
+    return (
+        f"parameter importance: {top} drive {report.objective} most (surrogate R² "
+        f"{m.score_mean:.2f}{trust}); `autotune importance --study {report.study}` has the table"
+    )

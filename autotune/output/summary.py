@@ -1,0 +1,44 @@
+"""The end of a run, for a person: what was found, against vLLM's defaults, and what to do next."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.output.text import fmt
+
+
+def format_summary(summary: dict[str, Any], where: str = "") -> str:
+    """``autotune run``'s closing lines for a :func:`autotune.study.trials.summary`.
+
+    Args:
+        where: The options that find the study again (``--studies-dir D`` / ``--storage URL``).
+    """
+    name = summary["study"]
+    counts = ", ".join(f"{n} {state.lower()}" for state, n in summary["trials"].items() if n)
+    lines = [f"study {name}: {sum(summary['trials'].values())} trials ({counts or 'none'})"]
+    best = summary.get("best")
+    objective = summary["objective"]
+    base_value, base_trial = summary.get("baseline_value"), summary.get("baseline_trial")
+    if best is None:
+        lines.append("no trial completed: nothing to export yet")
+    elif base_value is None:
+        lines.append(
+            f"best: trial #{best['trial']}, {fmt(best['value'])} {objective} (no baseline to compare with)"
+        )
+    elif best["trial"] == base_trial:
+        lines.append(
+            f"nothing beat vLLM's defaults: the best is the baseline itself (trial #{base_trial}, "
+            f"{fmt(base_value)} {objective}); widen the space or run more trials"
+        )
+    else:
+        lines.append(
+            f"best: trial #{best['trial']}, {fmt(best['value'])} {objective}, "
+            f"x{summary['speedup_over_baseline']:.3f} over vLLM's defaults "
+            f"(trial #{base_trial}, {fmt(base_value)})"
+        )
+    at = f" --study {name}{where}"
+    lines.append(
+        f"next: autotune export{at} --out best.json  |  autotune report{at} --out report.html  |  "
+        f"autotune show{at}"
+    )
+    return "\n".join(lines)
