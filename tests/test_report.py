@@ -79,7 +79,9 @@ def test_user_text_is_escaped(page):
 
 def test_log_links(page, tmp_path):
     _, text = page
-    assert re.search(r'<a href="file:///[^"]+/trials/hostile/stderr\.log">stderr\.log</a>', text)
+    # relative to the page (issue 20: absolute file:/// links broke once the report was shared)
+    assert re.search(r'<a href="\.\./trials/hostile/stderr\.log" title="/[^"]+">stderr\.log</a>', text)
+    assert "file:///" not in text
     # the synthetic trials' directories do not exist here: linked, and said so
     assert "(not here)" in text
 
@@ -174,3 +176,14 @@ def test_renders_in_headless_chromium(page, tmp_path):
 def test_foreign_study_is_a_clear_error():
     with pytest.raises(ReportError, match="not made by vllm-autotune"):
         render_report(optuna.create_study(study_name="foreign"))
+
+
+def test_the_best_config_as_a_serve_command_and_in_words_when_nothing_beat_the_defaults(page, tmp_path):
+    _, text = page
+    assert "vllm serve /models/synthetic-7b" in text
+    from tests.synthetic import make_study
+
+    study = make_study(n=0, name="flat")  # the baseline alone: it is the best
+    flat = render_report(study, importance_kwargs=FAST)
+    headline = re.search(r"<p><b>(.*?)</b></p>", flat)
+    assert headline and "Nothing beat vLLM&#x27;s defaults: the best is the baseline itself" in headline[1]

@@ -48,6 +48,20 @@ def serve_args(kwargs: dict[str, Any], engine: EngineInfo) -> list[str]:
     return out
 
 
+def serve_command(kwargs: dict[str, Any], engine: EngineInfo | None = None) -> str:
+    """``vllm serve MODEL ...`` for engine ``kwargs``; flag names from the installed vLLM when it
+    can be described, else the usual ``--arg-name`` spelling."""
+    if engine is None:
+        from autotune.errors import AutotuneError
+        from autotune.space.engine_args import describe_engine
+
+        try:
+            engine = describe_engine()
+        except AutotuneError:
+            engine = EngineInfo("", "", "")
+    return shlex.join(["vllm", "serve", str(kwargs.get("model")), *serve_args(kwargs, engine)])
+
+
 def build_export(
     study: optuna.Study,
     engine: EngineInfo,
@@ -83,7 +97,7 @@ def build_export(
         "value": best.value,
         "engine_kwargs": kwargs,
         "vllm_serve_args": args,
-        "vllm_serve_command": shlex.join(["vllm", "serve", str(kwargs.get("model")), *args]),
+        "vllm_serve_command": serve_command(kwargs, engine),
         "metrics": _metrics(record),
         "resolved_engine_config": record.engine,
         "baseline": None

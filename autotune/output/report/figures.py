@@ -82,11 +82,16 @@ def _bottom_marks(ax: Axes, xs: Sequence[float], color: str, label: str, marker:
     )
 
 
+def _legend_outside(ax: Axes, fontsize: int) -> None:
+    """The legend right of the plot, where it covers no point."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=fontsize, frameon=False)
+
+
 def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[int, str]) -> str:
     """Objective per trial, the best so far, vLLM's defaults as a line; failures along the bottom."""
     from matplotlib.ticker import MaxNLocator
 
-    fig = _figure(10, 4.2)
+    fig = _figure(12, 4.4)
     ax = fig.add_subplot()
     done = [r for r in rows if r.value is not None]
     ax.scatter(
@@ -103,15 +108,25 @@ def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[in
         best = max(best, r.value)
         best_x.append(r.number)
         best_y.append(best)
-    if best_x:
-        last = max(r.number for r in rows)
-        ax.step([*best_x, last], [*best_y, best_y[-1]], where="post", color="#2ca02c", label="best so far")
     base = next((r for r in done if r.role == "baseline"), None)
     if base is not None and base.value is not None:
         ax.axhline(
-            base.value, color=_BASELINE_COLOR, ls="--", lw=1.5, label=f"vLLM defaults (#{base.number})"
+            base.value,
+            color=_BASELINE_COLOR,
+            ls="--",
+            lw=1.5,
+            label=f"vLLM defaults (#{base.number})",
+            zorder=2,
         )
         ax.scatter([base.number], [base.value], color=_BASELINE_COLOR, marker="*", s=120, zorder=4)
+    if best_x:
+        last = max(r.number for r in rows)
+        # on top of the defaults' line, which it covers when nothing beat the defaults: say so
+        same = base is not None and best_y[-1] == base.value
+        label = "best so far (= vLLM defaults: nothing beat them)" if same else "best so far"
+        ax.step(
+            [*best_x, last], [*best_y, best_y[-1]], where="post", color="#2ca02c", lw=2, label=label, zorder=3
+        )
     _strip(ax)
     _bottom_marks(
         ax,
@@ -130,7 +145,7 @@ def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[in
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(_mt(objective))
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=9)
+    _legend_outside(ax, fontsize=9)
     return _png(
         fig, "optimisation history", f"{objective} of every trial; the dashed line is vLLM's defaults"
     )
@@ -213,7 +228,7 @@ def scatter_figure(
         return None
     cols = min(2, len(names))
     rows_n = math.ceil(len(names) / cols)
-    fig = _figure(5.2 * cols, 3.6 * rows_n)
+    fig = _figure(6.2 * cols, 3.8 * rows_n)
     axes = fig.subplots(rows_n, cols, squeeze=False).ravel()
     for ax in axes[len(names) :]:
         ax.set_visible(False)
@@ -251,7 +266,7 @@ def scatter_figure(
         ax.set_xlabel(_mt(name) + ("  (log)" if f.log else ""))
         ax.set_ylabel(_mt(objective))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
+        ax.legend(fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3, frameon=False)
     return _png(
         fig,
         "objective against the top parameters",
@@ -267,7 +282,7 @@ def gpu_figure(rows: Sequence[TrialRow]) -> str | None:
     have = [r for r in rows if r.gpu_util_pct is not None]
     if not have:
         return None
-    fig = _figure(10, 3.2)
+    fig = _figure(12, 3.4)
     ax = fig.add_subplot()
     colors = [_BASELINE_COLOR if r.role == "baseline" else _FEASIBLE_COLOR for r in have]
     ax.bar([r.number for r in have], [float(r.gpu_util_pct or 0.0) for r in have], color=colors)
@@ -277,7 +292,7 @@ def gpu_figure(rows: Sequence[TrialRow]) -> str | None:
         ax.set_ylim(-8, 100)
     _bottom_marks(ax, without, _OTHER_COLOR, "no telemetry (did not run to the end)")
     if without:
-        ax.legend(fontsize=8, loc="lower right")
+        _legend_outside(ax, fontsize=8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial")
     ax.set_ylabel("mean GPU utilisation (%)")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune._logging import get_logger
-from autotune.analysis.records import trial_rows
+from autotune.analysis.records import TrialRow, trial_rows
 from autotune.atomic import write_text_atomic
 from autotune.errors import ReportError
 from autotune.output.report.figures import (
@@ -27,7 +27,7 @@ from autotune.study.trials import baseline_trial
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.analysis.importance import ImportanceReport
+    from autotune.analysis.importance import ImportanceReport, TrialTable
 
 _logger = get_logger(__name__)
 _CSS = """
@@ -50,12 +50,67 @@ pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}
 """
 
 
+def _headline(doc: dict[str, Any], objective: str) -> str:
+    best, base = doc["best"], doc["baseline"]
+    if best is None:
+        return "No trial has completed yet."
+    if base is not None and best["trial"] == base["trial"]:
+        return (
+            f"Nothing beat vLLM's defaults: the best is the baseline itself (trial #{base['trial']}, "
+            f"{fmt_value(base['value'])} {objective})."
+        )
+    headline = f"Best: trial #{best['trial']}, {fmt_value(best['value'])} {objective}"
+    if best["speedup_over_baseline"] is not None and base is not None:
+        headline += (
+            f" — ×{best['speedup_over_baseline']:.3f} over vLLM's defaults ({fmt_value(base['value'])})"
+        )
+    return headline
+
+
+def _header(doc: dict[str, Any], objective: str, storage: str) -> list[tuple[str, Any]]:
+    return [
+        ("model", doc["model"]),
+        ("workload", doc["workload"]),
+        ("objective", f"{objective} ({doc['direction']})"),
+        ("vLLM", f"{doc['vllm']} on {doc['platform']}"),
+        ("GPUs", ", ".join(doc["gpus"]) or "none (CPU)"),
+        ("fixed", ", ".join(f"{k}={fmt_value(v)}" for k, v in doc["fixed"].items()) or "—"),
+        ("trials", ", ".join(f"{v} {k.lower()}" for k, v in doc["counts"].items() if v) or "none"),
+        ("storage", storage or "—"),
+    ]
+
+
+def _top_params(importance: ImportanceReport | None, table: TrialTable) -> list[str]:
+    """Parameters for the scatter panels: the most important first, then the rest."""
+    top: list[str] = []
+    if importance is not None:
+        reg, cls = importance.objective_model, importance.feasibility_model
+        if reg.status == "ok":
+            top = [p.name for p in reg.params if not p.constant][: TOP_PARAMS - 1]
+        # what explains the red crosses belongs beside what explains the points
+        top += [n for n in cls.top(1) if n not in top]
+    return top + [f.name for f in table.features if f.name not in top]
+
+
+def _gpu_section(rows: list[TrialRow], platform: str | None) -> str:
+    gpu = gpu_figure(rows)
+    if gpu is not None:
+        return gpu
+    why = (
+        "this study ran on the CPU backend, where NVML has no GPU to sample."
+        if platform == "cpu"
+        else "no trial recorded metrics.telemetry.mean_gpu_util_pct (NVML unavailable?)."
+    )
+    return f'<p class="note">No GPU telemetry: {why}</p>'
+
+
 def render_report(
     study: optuna.Study,
     *,
     storage: str = "",
     importance: ImportanceReport | None = None,
     importance_kwargs: dict[str, Any] | None = None,
+    links_from: Path | None = None,
 ) -> str:
     """The HTML text of the study's report.
 
@@ -64,6 +119,8 @@ def render_report(
         storage: The (redacted) storage URL, shown in the header.
         importance: A computed importance report; computed here when None.
         importance_kwargs: Passed to :func:`autotune.analysis.importance.compute_importance`.
+        links_from: The directory the page will be in: trial logs are linked relative to it (so
+            the page and the study's directory can move together); the working directory if None.
 
     Raises:
         ReportError: matplotlib is not installed, or the study is not an autotune study.
@@ -84,49 +141,13 @@ def render_report(
         except ImportanceError as e:
             error = str(e)
     objective = str(doc["objective"] or "objective")
-
-    best, base = doc["best"], doc["baseline"]
-    header = [
-        ("model", doc["model"]),
-        ("workload", doc["workload"]),
-        ("objective", f"{objective} ({doc['direction']})"),
-        ("vLLM", f"{doc['vllm']} on {doc['platform']}"),
-        ("GPUs", ", ".join(doc["gpus"]) or "none (CPU)"),
-        ("fixed", ", ".join(f"{k}={fmt_value(v)}" for k, v in doc["fixed"].items()) or "—"),
-        ("trials", ", ".join(f"{v} {k.lower()}" for k, v in doc["counts"].items() if v) or "none"),
-        ("storage", storage or "—"),
-    ]
-    headline = "No trial has completed yet."
-    if best is not None:
-        headline = f"Best: trial #{best['trial']}, {fmt_value(best['value'])} {objective}"
-        if best["speedup_over_baseline"] is not None and base is not None:
-            headline += (
-                f" — ×{best['speedup_over_baseline']:.3f} over vLLM's defaults ({fmt_value(base['value'])})"
-            )
-
-    top: list[str] = []
-    if importance is not None:
-        reg, cls = importance.objective_model, importance.feasibility_model
-        if reg.status == "ok":
-            top = [p.name for p in reg.params if not p.constant][: TOP_PARAMS - 1]
-        # what explains the red crosses belongs beside what explains the points
-        top += [n for n in cls.top(1) if n not in top]
-    top += [f.name for f in table.features if f.name not in top]
     base_trial = baseline_trial(study)
-    scatter = scatter_figure(table, top, objective, base_trial.number if base_trial is not None else None)
-    gpu = gpu_figure(rows)
-    if gpu is None:
-        on_cpu = doc["platform"] == "cpu"
-        gpu = (
-            '<p class="note">No GPU telemetry: '
-            + (
-                "this study ran on the CPU backend, where NVML has no GPU to sample."
-                if on_cpu
-                else "no trial recorded metrics.telemetry.mean_gpu_util_pct (NVML unavailable?)."
-            )
-            + "</p>"
-        )
-    generated = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    scatter = scatter_figure(
+        table,
+        _top_params(importance, table),
+        objective,
+        base_trial.number if base_trial is not None else None,
+    )
     sections = [
         ("history", "Optimisation history", history_figure(rows, objective, infeasible)),
         ("importance", "Parameter importance", importance_html(importance, error)),
@@ -135,9 +156,9 @@ def render_report(
             f"{objective} against the top parameters",
             scatter or '<p class="muted">No parameters.</p>',
         ),
-        ("gpu", "GPU utilisation per trial", gpu),
+        ("gpu", "GPU utilisation per trial", _gpu_section(rows, doc["platform"])),
         ("best", "Best config vs vLLM's defaults", best_vs_defaults_html(study, rows)),
-        ("trials", "Trials", trials_html(rows, infeasible)),
+        ("trials", "Trials", trials_html(rows, infeasible, links_from or Path.cwd())),
     ]
     body = "".join(
         f'<section id="{sid}"><h2>{html.escape(title)}</h2>{content}</section>'
@@ -145,6 +166,7 @@ def render_report(
     )
     title = f"autotune report: {study.study_name}"
     csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+    generated = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en"><head><meta charset="utf-8">'
@@ -153,14 +175,15 @@ def render_report(
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
         f"<h1>{html.escape(title)}</h1>"
         f'<p class="muted">Generated {html.escape(generated)} by vllm-autotune.</p>'
-        f"<p><b>{html.escape(headline)}</b></p>{kv(header)}{body}</body></html>\n"
+        f"<p><b>{html.escape(_headline(doc, objective))}</b></p>{kv(_header(doc, objective, storage))}"
+        f"{body}</body></html>\n"
     )
 
 
 def write_report(study: optuna.Study, out: str | Path, **kwargs: Any) -> Path:
     """Render the report (see :func:`render_report`) and write it atomically to ``out``."""
     path = Path(out)
-    text = render_report(study, **kwargs)
+    text = render_report(study, links_from=path.resolve().parent, **kwargs)
     write_text_atomic(path, text)
     _logger.info("report of study %r (%d KiB) -> %s", study.study_name, len(text) // 1024, path)
     return path

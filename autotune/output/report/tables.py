@@ -5,11 +5,14 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.analysis.records import TrialRow
+from autotune.output.export import serve_command
 from autotune.output.report.figures import importance_figure
 from autotune.study.trials import baseline_trial, best_or_none
 from autotune.trial.record import TrialRecord
@@ -142,23 +145,27 @@ def best_vs_defaults_html(study: optuna.Study, rows: Sequence[TrialRow]) -> str:
     if best_rec.engine_kwargs:
         parts.append("<h3>The best config as <code>LLM(**kwargs)</code></h3>")
         parts.append(f"<pre>{html.escape(json.dumps(best_rec.engine_kwargs, indent=2, default=str))}</pre>")
+        parts.append("<h3>The same as a <code>vllm serve</code> command</h3>")
+        parts.append(f"<pre>{html.escape(serve_command(best_rec.engine_kwargs))}</pre>")
     return "".join(parts)
 
 
-def _log_cell(row: TrialRow) -> str:
+def _log_cell(row: TrialRow, links_from: Path) -> str:
+    """A link to the trial's log, relative to the page: it works wherever the page and the
+    study directory move together, and on another machine the link says where the log was."""
     if not row.log:
         return "<td></td>"
-    uri = Path(row.log).as_uri()
+    href = urllib.parse.quote(os.path.relpath(row.log, links_from).replace(os.sep, "/"))
     if row.log_exists:
-        return f'<td><a href="{html.escape(uri)}">stderr.log</a></td>'
+        return f'<td><a href="{html.escape(href)}" title="{html.escape(row.log)}">stderr.log</a></td>'
     return (
-        f'<td><a class="muted" href="{html.escape(uri)}" '
+        f'<td><a class="muted" href="{html.escape(href)}" '
         f'title="{html.escape(row.log)} is not on this machine">stderr.log</a> '
         '<span class="muted">(not here)</span></td>'
     )
 
 
-def trials_html(rows: Sequence[TrialRow], infeasible: dict[int, str]) -> str:
+def trials_html(rows: Sequence[TrialRow], infeasible: dict[int, str], links_from: Path) -> str:
     """Every trial: outcome, value, speedup, wall time, GPU util, config as run, log link; the
     error of a failed trial on a row of its own below it. Values that differ from vLLM's defaults
     (the baseline's resolved config) are in bold."""
@@ -188,7 +195,7 @@ def trials_html(rows: Sequence[TrialRow], infeasible: dict[int, str]) -> str:
             _td(f"{r.wall_s:.0f}" if isinstance(r.wall_s, (int, float)) else None, True),
             _td(f"{r.gpu_util_pct:.0f}" if r.gpu_util_pct is not None else None, True),
             f'<td class="cfg">{config}</td>',
-            _log_cell(r),
+            _log_cell(r, links_from),
         ]
         body.append(f'<tr id="trial-{r.number}">' + "".join(cells) + "</tr>")
         if r.error:
