@@ -171,3 +171,29 @@ def test_help_describes_each_command_with_an_example():
     assert "--studies-dir STUDIES_DIR home of the study" in demo and "--space SPACE search space" in demo
     bad = autotune("show", "--study", "nope", "--studies-dir", "/nonexistent", "--debug")
     assert bad.returncode == 2 and "Traceback" in bad.stderr  # --debug after the command works
+
+
+def test_the_bar_shows_the_running_trials_phase_and_its_own_eta(monkeypatch):
+    from autotune.tuning.progress import Progress
+
+    clock = [1000.0]
+    monkeypatch.setattr("autotune.tuning.progress.time.time", lambda: clock[0])
+    progress = Progress(budget=4, objective="x", show_bar=True)
+    try:
+        progress.phase(0, "engine_start")
+        clock[0] += 12
+        progress._redraw()
+        assert "#0 engine_start 12s" in progress._bar.postfix
+        assert "{rate" not in progress._bar.bar_format and "remaining" not in progress._bar.bar_format
+
+        study = optuna.create_study(direction="maximize")
+
+        def objective(trial: optuna.Trial) -> float:
+            trial.set_user_attr("wall_s", 60.0)
+            return 1.0
+
+        study.optimize(objective, n_trials=1, callbacks=[progress])
+        assert "engine_start" not in progress._bar.postfix  # it ended
+        assert "ETA 3m00s" in progress._bar.postfix  # 3 trials left x a 60 s median, not tqdm's rate
+    finally:
+        progress.close()

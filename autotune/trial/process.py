@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from autotune._logging import get_logger
@@ -46,11 +47,15 @@ def request_stop() -> None:
     stop_requests.press()
 
 
-def wait(proc: subprocess.Popen[bytes], timeout_s: float, *, stop_at: int) -> None:
+def wait(
+    proc: subprocess.Popen[bytes], timeout_s: float, *, stop_at: int, tick: Callable[[], None] | None = None
+) -> None:
     """``proc.wait(timeout_s)`` that also ends with KeyboardInterrupt once ``stop_at`` presses
-    were made, in whichever thread it runs."""
+    were made, in whichever thread it runs; ``tick`` is called at every poll."""
     deadline = time.monotonic() + timeout_s
     while True:
+        if tick is not None:
+            tick()
         if stop_requests.count >= stop_at:
             raise KeyboardInterrupt
         left = deadline - time.monotonic()

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,37 @@ def claim_dir(trial_dir: Path) -> None:
     trial_dir.mkdir(parents=True, exist_ok=True)
 
 
-def run_trial(spec: TrialSpec) -> TrialRecord:
-    """Run ``spec`` in a fresh worker process and classify how it ended."""
+class _PhaseWatch:
+    """Reads a running worker's stdout as it grows and reports each phase it enters."""
+
+    def __init__(self, path: Path, pid: int, on_phase: Callable[[str], None]) -> None:
+        self.path, self.pid, self.on_phase = path, pid, on_phase
+        self._offset = 0
+        self._partial = ""
+
+    def __call__(self) -> None:
+        try:
+            with self.path.open("rb") as fh:
+                fh.seek(self._offset)
+                chunk = fh.read()
+        except OSError:
+            return
+        self._offset += len(chunk)
+        lines = (self._partial + chunk.decode("utf-8", "replace")).split("\n")
+        self._partial = lines.pop()
+        for event in protocol.parse(lines, pid=self.pid):
+            if event.get("event") == "phase":
+                self.on_phase(str(event.get("phase")))
+
+
+def run_trial(spec: TrialSpec, on_phase: Callable[[str], None] | None = None) -> TrialRecord:
+    """Run ``spec`` in a fresh worker process and classify how it ended.
+
+    Args:
+        spec: What to run.
+        on_phase: Called with each phase the worker enters (``engine_start``, ``generate``, ...),
+            from the thread that waits on the trial.
+    """
     tdir = spec.trial_dir
     claim_dir(tdir)
     spec_path = tdir / "spec.json"
@@ -86,8 +116,9 @@ def run_trial(spec: TrialSpec) -> TrialRecord:
             env=env,
             start_new_session=True,  # its own session and process group: killed as one
         )
+        tick = _PhaseWatch(out_path, proc.pid, on_phase) if on_phase is not None else None
         try:
-            wait(proc, spec.timeout_s, stop_at=1)
+            wait(proc, spec.timeout_s, stop_at=1, tick=tick)
         except subprocess.TimeoutExpired:
             timed_out = True
             _logger.warning("trial ran past its %.0f s timeout; killing its process group", spec.timeout_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,8 @@ class Objective:
     requests_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     budget: int | None = None
+    #: told ``(trial number, phase)`` as a running trial's worker enters each phase
+    on_phase: Callable[[int, str], None] | None = None
     # set once a trial of this run got its engine up: vLLM's compile and CUDA-graph caches exist
     _warm: bool = field(default=False, init=False, repr=False)
     _cold_retries: int = field(default=0, init=False, repr=False)
@@ -155,7 +158,8 @@ class Objective:
             device_ids=list(slot.device_ids),
         )
         try:
-            result = run_trial(spec)
+            on_phase = self.on_phase
+            result = run_trial(spec, (lambda phase: on_phase(trial.number, phase)) if on_phase else None)
         except KeyboardInterrupt:
             # the trial's process group is gone already (run_trial); its config is queued again
             # here, by the one worker it belonged to (two workers starting later could both)

@@ -3,6 +3,7 @@ so far and an ETA. It only shows; when the run stops is :mod:`autotune.tuning.st
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,27 +54,65 @@ class Progress:
     _warned_shortened: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __post_init__(self) -> None:
-        if self.show_bar:
-            from tqdm import tqdm
+    parallel: int = 1
+    #: running trials of this process: number -> (phase, when it began)
+    _running: dict[int, tuple[str, float]] = field(default_factory=dict)
+    _walls: list[float] = field(default_factory=list)
+    _best: str = "no completed trial yet"
+    _stop: threading.Event = field(default_factory=threading.Event)
 
-            self._bar = tqdm(
-                total=self.budget,
-                initial=self.counted_at_start,
-                unit="trial",
-                dynamic_ncols=True,
-                leave=False,
-            )
+    def __post_init__(self) -> None:
+        if not self.show_bar:
+            return
+        from tqdm import tqdm
+
+        # no tqdm rate or ETA: a jump of one trial after minutes reads as a burst; ours is below
+        self._bar = tqdm(
+            total=self.budget,
+            initial=self.counted_at_start,
+            unit="trial",
+            dynamic_ncols=True,
+            leave=False,
+            bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} trials [{elapsed}]{postfix}",
+        )
+        # redrawn every second, so the elapsed time and the running trial's phase stay current
+        threading.Thread(target=self._refresh_loop, name="autotune-progress", daemon=True).start()
 
     def close(self) -> None:
+        self._stop.set()
         if self._bar is not None:
             self._bar.close()
+
+    def phase(self, number: int, name: str) -> None:
+        """A running trial of this process entered phase ``name`` (from its worker's reports)."""
+        with self._lock:
+            self._running[number] = (name, time.time())
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                self._redraw()
+
+    def _redraw(self) -> None:
+        if self._bar is None:
+            return
+        now = time.time()
+        running = " ".join(
+            f"#{n} {ph} {now - since:.0f}s" for n, (ph, since) in sorted(self._running.items())
+        )
+        eta = ""
+        if self._walls:
+            left = max(0, self.budget - self._bar.n)
+            eta = f" | ETA {fmt_duration(statistics.median(self._walls) * left / max(1, self.parallel))}"
+        self._bar.set_postfix_str(" | ".join(filter(None, [self._best + eta, running])), refresh=False)
+        self._bar.refresh()
 
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         with self._lock:  # parallel trials (one per GPU slot) end in their own threads
             self._after(study, trial)
 
     def _after(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        self._running.pop(trial.number, None)
         record = TrialRecord.of(trial)
         if record.error_type == "over_budget":
             _logger.debug("trial #%d not run: %s", trial.number, record.error)
@@ -91,9 +130,11 @@ class Progress:
         self._log(study, trial, record, counted)
         self._warn_if_short(trial.number, record)
         self._warn_if_shortened(trial.number, record)
+        if record.wall_s:
+            self._walls.append(record.wall_s)
         if self._bar is not None:  # counted, not launched: a trial run again is counted once
             self._bar.n = counted
-            self._bar.refresh()
+            self._redraw()
 
     def _warn_if_shortened(self, number: int, record: TrialRecord) -> None:
         shortened = record.metrics.get("shortened_requests")
@@ -154,5 +195,4 @@ class Progress:
             f"{record.wall_s:.0f} s" if record.wall_s else "-",
             fmt_duration(eta),
         )
-        if self._bar is not None:
-            self._bar.set_postfix_str(best_txt)
+        self._best = best_txt

@@ -279,16 +279,6 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> None:
         raise StudyError(baseline_failure_message(study, failed))
     counted = counted_trials(study)
     _announce(req, inputs, s, counted)
-    objective = Objective(
-        settings=s.settings,
-        space=s.space,
-        study_dir=s.study_dir,
-        timeout_s=req.trial_timeout_s,
-        pool=inputs.pool,
-        requests_file=s.requests_file,
-        env=req.env,
-        budget=s.total,
-    )
     # a live worker's trial ends within its timeout; one of a worker that died before its first
     # heartbeat never goes stale: wait for other workers' trials at most this long
     grace_s = GRACE_HEARTBEATS * s.heartbeat_s
@@ -320,6 +310,18 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> None:
         show_bar=req.show_bar,
         started=started,
         short_measurement_s=SHORT_MEASUREMENT_S if req.warn_short_measurement else None,
+        parallel=len(slots),
+    )
+    objective = Objective(
+        settings=s.settings,
+        space=s.space,
+        study_dir=s.study_dir,
+        timeout_s=req.trial_timeout_s,
+        pool=inputs.pool,
+        requests_file=s.requests_file,
+        env=req.env,
+        budget=s.total,
+        on_phase=progress.phase,
     )
     if len(slots) > 1:
         _logger.info("%d trials at a time, on GPUs %s", len(slots), " | ".join(sl.describe() for sl in slots))
