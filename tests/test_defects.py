@@ -11,7 +11,8 @@ import pytest
 
 import autotune
 from autotune.errors import EngineError
-from autotune.trial.outcome import Outcome, classify
+from autotune.trial.outcome import classify
+from autotune.trial.record import Outcome, TrialRecord
 from tests.helpers import autotune as run_cli
 from tests.synthetic import make_study
 
@@ -208,9 +209,37 @@ def test_a_recreated_study_measures_its_own_workload(tmp_path: Path, tiny_model:
     (studies / "s.db").unlink()
     second = run_cli("run", *common, "--workload", "synthetic:count=48,input_len=16,output_len=16")
     assert second.returncode == 0, second.stderr[-3000:]
-    result = json.loads((studies / "s" / "trials" / "0" / "result.json").read_text())
-    assert result["outcome"] == "success"
-    assert result["metrics"]["num_requests"] == 48 and result["metrics"]["output_tokens"] == 48 * 16
+    result = TrialRecord.read_json(studies / "s" / "trials" / "0" / "result.json")
+    assert result.outcome is Outcome.SUCCESS
+    assert result.metrics["num_requests"] == 48 and result.metrics["output_tokens"] == 48 * 16
     assert "moved them to" in second.stderr
     (aside,) = (studies / "s" / "trials").glob("0.stale-*")
     assert json.loads((aside / "result.json").read_text())["metrics"]["num_requests"] == 16
+
+
+def test_one_record_for_the_study_and_result_json(tmp_path: Path):
+    from autotune.trial.record import Role
+
+    record = TrialRecord(
+        outcome=Outcome.SUCCESS,
+        metrics={"output_tokens_per_s": 10.0},
+        telemetry={"available": False},
+        wall_s=3.0,
+        phases_s={"generate": 1.0},
+        engine_kwargs={"model": "m"},
+        role=Role.BASELINE,
+        retry_of=0,
+        returncode=0,
+        pid=42,
+    )
+    attrs = record.attrs()
+    assert attrs["autotune_role"] == "baseline" and attrs["autotune_retry_of"] == 0
+    assert attrs["metrics"]["telemetry"] == {"available": False}  # where studies always kept it
+    assert "pid" not in attrs and "returncode" not in attrs  # the process's, result.json only
+    assert TrialRecord.from_attrs(attrs) == TrialRecord(
+        **{**record.__dict__, "returncode": None, "pid": None}
+    )
+    record.write_json(tmp_path / "result.json")
+    on_disk = json.loads((tmp_path / "result.json").read_text())
+    assert on_disk["pid"] == 42 and "autotune_role" not in on_disk and "role" not in on_disk
+    assert TrialRecord.read_json(tmp_path / "result.json").metrics == record.metrics

@@ -23,6 +23,15 @@ def queue_retry(study: optuna.Study, trial: optuna.trial.BaseTrial, reason: str)
     study.enqueue_trial(dict(trial.params), user_attrs=again.attrs())
 
 
+def queue_back(study: optuna.Study, trial: optuna.trial.BaseTrial) -> None:
+    """Put the config ``trial`` took from the queue back there, as it was queued (it never ran)."""
+    record = TrialRecord.of(trial)
+    again = TrialRecord(
+        role=record.role, config=record.config, retry_of=record.retry_of, retry_reason=record.retry_reason
+    )
+    study.enqueue_trial(dict(trial.params), user_attrs=again.attrs(), skip_if_exists=False)
+
+
 def retry_stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
     """Heartbeat callback: ``trial``'s worker stopped beating (killed, or its machine lost) and
     Optuna failed the trial; queue its config again, so the study still measures it."""

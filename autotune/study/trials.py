@@ -109,6 +109,9 @@ def failed_baseline(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 
 _BASELINE_HINTS = {
+    "timeout": "it ran past --trial-timeout (a fresh machine's first engine start compiles the model); "
+    "raise --trial-timeout and run the same command: the baseline runs again first",
+    "crash": "read its log; once the cause is fixed, the same command runs the baseline again first",
     "oom": "vLLM's defaults do not fit here; fix what they lack for every trial, e.g. --set "
     "max_model_len=4096 or --set gpu_memory_utilization=0.8 (on the CPU backend --set "
     "kv_cache_memory_bytes=..., or the bundled cpu space)",
@@ -121,9 +124,11 @@ def baseline_failure_message(study: optuna.Study, trial: optuna.trial.FrozenTria
     record = TrialRecord.of(trial)
     error = " ".join(str(record.error or "no error recorded").split())
     kind = record.outcome.value if record.outcome else trial.state.name.lower()
-    hint = _BASELINE_HINTS.get(kind, "read its log to see why")
+    hint = _BASELINE_HINTS.get(kind, _BASELINE_HINTS["crash"])
+    if kind in ("oom", "invalid"):
+        hint += "; then start a new --study (the fixed args are the study's)"
     return (
         f"the baseline (trial #{trial.number}, vLLM's defaults under the fixed args) failed, so no "
-        f"config can be compared with it: [{record.error_type or kind}] {error[:400]}. {hint}; then "
-        f"start a new --study (log: {record.log or record.trial_dir or '-'})"
+        f"config can be compared with it: [{record.error_type or kind}] {error[:400]}. {hint} "
+        f"(log: {record.log or record.trial_dir or '-'})"
     )

@@ -77,7 +77,6 @@ _KEYS = {
     "duplicate_of": "autotune_duplicate_of",
 }
 ROLE_ATTR = _KEYS["role"]
-CONFIG_ATTR = _KEYS["config"]
 RETRY_ATTR = _KEYS["retry_of"]
 RETRY_REASON_ATTR = _KEYS["retry_reason"]
 DUPLICATE_ATTR = _KEYS["duplicate_of"]
@@ -176,6 +175,16 @@ class TrialRecord:
         return self.error_type not in UNCOUNTED and self.duplicate_of is None
 
     @property
+    def over_budget(self) -> bool:
+        """Started after other workers used up the budget: nothing ran."""
+        return self.error_type == Outcome.OVER_BUDGET.value
+
+    @property
+    def launched(self) -> bool:
+        """An engine was (or is being) started for it: not a skip, a repeat, or over the budget."""
+        return not (self.skipped or self.over_budget or self.duplicate_of is not None)
+
+    @property
     def skipped(self) -> bool:
         """A config a constraint of the space ruled out: no engine ever started."""
         return self.error_type == CONSTRAINT
@@ -193,7 +202,12 @@ class TrialRecord:
     # -- writing ----------------------------------------------------------------------------------
 
     def attrs(self) -> dict[str, Any]:
-        """The fields set on this record, as the trial's user attributes."""
+        """The fields set on this record, as the trial's user attributes.
+
+        ``returncode``, ``pid`` and ``stdout`` stay in ``result.json``; ``telemetry`` is stored
+        inside ``metrics`` (where studies have always kept it), so only a trial with metrics
+        stores it in the study, and ``result.json`` has every trial's.
+        """
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             if f.name in _FILE_ONLY or f.name == "telemetry":
@@ -218,8 +232,11 @@ class TrialRecord:
             trial.set_user_attr(key, value)
 
     def to_json(self) -> dict[str, Any]:
-        """Every field, for ``result.json``."""
-        return {_KEYS.get(f.name, f.name): _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """Every field of the trial itself, for ``result.json``; the study's bookkeeping (role,
+        retries, repeats) is the study's to keep."""
+        return {
+            f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in _KEYS
+        }
 
     def write_json(self, path: str | Path) -> None:
         """Write ``result.json`` atomically."""

@@ -21,7 +21,7 @@ from autotune._logging import get_logger
 from autotune.space.constraints import violations
 from autotune.space.spec import SearchSpace
 from autotune.study.budget import over_budget
-from autotune.study.recovery import queue_retry
+from autotune.study.recovery import queue_back, queue_retry
 from autotune.study.settings import StudySettings
 from autotune.study.trials import find_duplicate
 from autotune.trial.outcome import engine_start_s
@@ -55,8 +55,9 @@ class Objective:
     requests_file: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     budget: int | None = None
-    #: told ``(trial number, phase)`` as a running trial's worker enters each phase
-    on_phase: Callable[[int, str], None] | None = None
+    #: told ``(trial number, phase)`` as a running trial's worker enters each phase, and
+    #: ``(trial number, None)`` once its process is gone
+    on_phase: Callable[[int, str | None], None] | None = None
     # set once a trial of this run got its engine up: vLLM's compile and CUDA-graph caches exist
     _warm: bool = field(default=False, init=False, repr=False)
     _cold_retries: int = field(default=0, init=False, repr=False)
@@ -96,20 +97,20 @@ class Objective:
         if self.budget is not None and over_budget(trial.study, trial, self.budget):
             self._give_back(trial)
         with self.pool.take() as slot:
-            return self._run(trial, engine_kwargs, trial_dir, slot)
+            if slot.device_ids:  # recorded before it runs: a trial cut off still says where it ran
+                TrialRecord(gpus=slot.device_ids).write(trial)
+            try:
+                return self._run(trial, engine_kwargs, trial_dir, slot)
+            finally:
+                if self.on_phase is not None:
+                    self.on_phase(trial.number, None)
 
     def _give_back(self, trial: optuna.Trial) -> None:
         """Record ``trial`` as over the budget, put a queued config back in the queue, stop."""
         mark(trial, Outcome.OVER_BUDGET, "the study's budget was used up by other workers first")
-        record = TrialRecord.of(trial)
-        if record.queued:  # it came from the queue (baseline, enqueued, retry)
-            again = TrialRecord(
-                role=record.role,
-                config=record.config,
-                retry_of=record.retry_of,
-                retry_reason=record.retry_reason,
-            )
-            trial.study.enqueue_trial(dict(trial.params), user_attrs=again.attrs(), skip_if_exists=False)
+        if TrialRecord.of(trial).queued:  # it came from the queue (baseline, enqueued, retry)
+            queue_back(trial.study, trial)
+
         with contextlib.suppress(RuntimeError):  # RuntimeError: not inside study.optimize
             trial.study.stop()
         raise OverBudget(f"trial #{trial.number} started after the budget of {self.budget} was used up")
@@ -159,7 +160,10 @@ class Objective:
         )
         try:
             on_phase = self.on_phase
-            result = run_trial(spec, (lambda phase: on_phase(trial.number, phase)) if on_phase else None)
+            if on_phase is None:
+                result = run_trial(spec)
+            else:
+                result = run_trial(spec, on_phase=lambda phase: on_phase(trial.number, phase))
         except KeyboardInterrupt:
             # the trial's process group is gone already (run_trial); its config is queued again
             # here, by the one worker it belonged to (two workers starting later could both)
@@ -168,8 +172,8 @@ class Objective:
             raise
         # recorded first: a trial another worker failed meanwhile (a stale heartbeat, queued
         # again there) raises here, before it could be queued a second time below
-        result = dataclasses.replace(result, gpus=tuple(slot.device_ids))
-        result.write(trial)
+        # trial_dir, engine_kwargs and gpus are stored already
+        dataclasses.replace(result, trial_dir=None, engine_kwargs=None, gpus=()).write(trial)
         self._retry_cold(trial, result)
         if "warmup" in result.phases_s:
             self._warm = True

@@ -80,13 +80,25 @@ class Progress:
 
     def close(self) -> None:
         self._stop.set()
-        if self._bar is not None:
-            self._bar.close()
-
-    def phase(self, number: int, name: str) -> None:
-        """A running trial of this process entered phase ``name`` (from its worker's reports)."""
         with self._lock:
-            self._running[number] = (name, time.time())
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+
+    def phase(self, number: int, name: str | None) -> None:
+        """A running trial of this process entered phase ``name`` (from its worker's reports);
+        None: its process is gone."""
+        with self._lock:
+            if name is None:
+                self._running.pop(number, None)
+            else:
+                self._running[number] = (name, time.time())
+
+    def _eta(self, left: int) -> float:
+        """Seconds for ``left`` more trials: the median trial of this run, over the slots."""
+        if self._walls:
+            return statistics.median(self._walls) * left / max(1, self.parallel)
+        return (time.time() - self.started) / max(1, self.launched) * left
 
     def _refresh_loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -100,10 +112,7 @@ class Progress:
         running = " ".join(
             f"#{n} {ph} {now - since:.0f}s" for n, (ph, since) in sorted(self._running.items())
         )
-        eta = ""
-        if self._walls:
-            left = max(0, self.budget - self._bar.n)
-            eta = f" | ETA {fmt_duration(statistics.median(self._walls) * left / max(1, self.parallel))}"
+        eta = f" | ETA {fmt_duration(self._eta(max(0, self.budget - self._bar.n)))}" if self.launched else ""
         self._bar.set_postfix_str(" | ".join(filter(None, [self._best + eta, running])), refresh=False)
         self._bar.refresh()
 
@@ -114,7 +123,7 @@ class Progress:
     def _after(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         self._running.pop(trial.number, None)
         record = TrialRecord.of(trial)
-        if record.error_type == "over_budget":
+        if record.over_budget:
             _logger.debug("trial #%d not run: %s", trial.number, record.error)
             return
         if record.duplicate_of is not None:
@@ -126,12 +135,12 @@ class Progress:
             _logger.debug("trial #%d skipped: %s", trial.number, record.error)
             return
         self.launched += 1
+        if record.wall_s:
+            self._walls.append(record.wall_s)
         counted = counted_trials(study)
         self._log(study, trial, record, counted)
         self._warn_if_short(trial.number, record)
         self._warn_if_shortened(trial.number, record)
-        if record.wall_s:
-            self._walls.append(record.wall_s)
         if self._bar is not None:  # counted, not launched: a trial run again is counted once
             self._bar.n = counted
             self._redraw()
@@ -180,8 +189,7 @@ class Progress:
         best_txt = (
             f"best {best.value:,.1f} (#{best.number})" if best is not None else "no completed trial yet"
         )
-        elapsed = time.time() - self.started
-        eta = elapsed / self.launched * max(0, self.budget - counted)
+        eta = self._eta(max(0, self.budget - counted))
         params = record.searched_config if record.role is Role.ENQUEUED else trial.params
         _logger.info(
             "trial %d/%d [#%d%s] %s | %s | %s | %s | ETA %s",

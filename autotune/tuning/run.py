@@ -22,6 +22,7 @@ import optuna
 from autotune._logging import get_logger
 from autotune.atomic import write_text_atomic
 from autotune.errors import StudyError
+from autotune.space.constraints import bound_by_context
 from autotune.space.load import build_space
 from autotune.space.spec import SearchSpace
 from autotune.study.budget import counted_trials
@@ -31,6 +32,7 @@ from autotune.study.recovery import (
     fail_interrupted,
     fail_stale,
     finished_elsewhere,
+    queue_retry,
     requeue_interrupted,
     retry_stale,
     wait_for_other_workers,
@@ -48,8 +50,9 @@ from autotune.study.settings import (
 )
 from autotune.study.storage import DEFAULT_HEARTBEAT_S, GRACE_HEARTBEATS, open_storage, redact
 from autotune.study.trials import baseline_failure_message, failed_baseline, summary
+from autotune.trial.model_ref import context_length
 from autotune.trial.process import stop_requests
-from autotune.trial.record import TrialRecord
+from autotune.trial.record import INFEASIBLE, TrialRecord
 from autotune.trial.telemetry import gpu_names
 from autotune.trial.workload import WorkloadSpec, load_requests, parse_workload
 from autotune.tuning.inputs import RunInputs, check_inputs, load_space_for
@@ -149,7 +152,11 @@ def _resumed_space(req: RunRequest, inputs: RunInputs, stored: StudySettings) ->
                 f"{inputs.space.fixed}: "
                 "that changes the benchmark under the baseline; start a new --study"
             )
-        return inputs.space
+        # bounded by the study's model (a resume names no --model)
+        bounded, notes = bound_by_context(inputs.space, context_length(stored.model))
+        for note in notes:
+            _logger.info("space: %s", note)
+        return bounded
     return build_space(
         stored.space,
         inputs.engine,
@@ -175,6 +182,7 @@ def open_session(req: RunRequest, inputs: RunInputs) -> Session:
         inputs.name, storage, settings, worker=0 if sole_worker else os.getpid()
     )
     _recover(study, storage, sole_worker)
+    _check_baseline(study)  # before anything of this command is written
     total = _set_budget(study, req, created, heartbeat_s)
     if not created and req.space:
         study.set_user_attr(SETTINGS_ATTR, {**settings.to_dict(), "space": space.to_dict()})
@@ -186,6 +194,19 @@ def open_session(req: RunRequest, inputs: RunInputs) -> Session:
     for dropped in space.dropped:
         _logger.info("space: %s is not in this vLLM; dropped (optional)", dropped)
     return Session(study, settings, space, created, total, heartbeat_s, sole_worker, study_dir, requests_file)
+
+
+def _check_baseline(study: optuna.Study) -> None:
+    """A study whose baseline failed compares nothing: refuse it when the failure is the config's
+    (out of memory, invalid), else run the baseline again (a timeout or crash may not recur, e.g.
+    with a larger --trial-timeout)."""
+    failed = failed_baseline(study)
+    if failed is None:
+        return
+    if TrialRecord.of(failed).outcome in INFEASIBLE:
+        raise StudyError(baseline_failure_message(study, failed))
+    _logger.info("the baseline (trial #%d) failed in an earlier run; it runs again first", failed.number)
+    queue_retry(study, failed, "the baseline failed in an earlier run")
 
 
 def _recover(study: optuna.Study, storage: optuna.storages.BaseStorage, sole_worker: bool) -> None:
@@ -246,7 +267,7 @@ def _requests_file(study_dir: Path, wl: WorkloadSpec, *, fresh: bool) -> str | N
     return str(path.resolve())
 
 
-def _announce(req: RunRequest, inputs: RunInputs, s: Session, counted: int) -> None:
+def _announce(inputs: RunInputs, s: Session, counted: int) -> None:
     elsewhere = len(s.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
     engine = inputs.engine
     _logger.info(
@@ -275,10 +296,8 @@ def _announce(req: RunRequest, inputs: RunInputs, s: Session, counted: int) -> N
 def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> None:
     """Run trials until the budget is used up or a stopping rule fires."""
     study, slots = s.study, inputs.pool.slots
-    if (failed := failed_baseline(study)) is not None:
-        raise StudyError(baseline_failure_message(study, failed))
     counted = counted_trials(study)
-    _announce(req, inputs, s, counted)
+    _announce(inputs, s, counted)
     # a live worker's trial ends within its timeout; one of a worker that died before its first
     # heartbeat never goes stale: wait for other workers' trials at most this long
     grace_s = GRACE_HEARTBEATS * s.heartbeat_s
@@ -342,14 +361,15 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> None:
                 # another worker's heartbeat check failed a trial that was alive (a database
                 # outage stopped its heartbeats): its config runs again there; go on
                 _logger.warning("a trial of this worker was failed by another worker (%s); going on", e)
-                continue
+                if rules.reason in (None, StopReason.BUDGET):
+                    continue
             if rules.reason not in (None, StopReason.BUDGET):
                 break
             if not budget_left():  # a retry may have freed budget; other workers may still run
                 break
     finally:
         progress.close()
-    if rules.reason is StopReason.BASELINE and (failed := failed_baseline(study)) is not None:
+    if (failed := failed_baseline(study)) is not None:
         raise StudyError(baseline_failure_message(study, failed))
     if rules.stopped_for_skips:
         raise StudyError(

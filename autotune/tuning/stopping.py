@@ -28,6 +28,7 @@ import optuna
 
 from autotune._logging import get_logger
 from autotune.study.budget import counted_trials
+from autotune.study.trials import failed_baseline
 from autotune.trial.outcome import engine_start_s
 from autotune.trial.record import Role, TrialRecord
 
@@ -82,13 +83,16 @@ class StopRules:
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         with self._lock:  # parallel trials (one per GPU slot) end in their own threads
             reason = self._check(study, trial)
-        if reason is not None:
-            self.reason = reason
-            study.stop()
+            if reason is None:
+                return
+            # the first reason that is not the budget's is the one the run reports
+            if self.reason in (None, StopReason.BUDGET):
+                self.reason = reason
+        study.stop()
 
     def _check(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> StopReason | None:
         record = TrialRecord.of(trial)
-        if record.error_type == "over_budget":
+        if record.over_budget:
             return None
         if record.duplicate_of is not None:
             self.consecutive_repeats += 1
@@ -106,7 +110,7 @@ class StopRules:
             return StopReason.SKIPS if self.consecutive_skips >= self.max_consecutive_skips else None
         self.consecutive_skips = 0
         self.launched += 1
-        if record.role is Role.BASELINE and baseline_failed(study, trial):
+        if record.role is Role.BASELINE and failed_baseline(study) is not None:
             return StopReason.BASELINE
         if counted_trials(study) >= self.budget:
             return StopReason.BUDGET
@@ -135,11 +139,3 @@ class StopRules:
             self.launched,
         )
         return StopReason.TIME
-
-
-def baseline_failed(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-    """``trial``, the baseline, ended without a value, counted, and with no retry queued."""
-    if trial.state == optuna.trial.TrialState.COMPLETE or not TrialRecord.of(trial).counted:
-        return False
-    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
-    return not any(TrialRecord.of(t).retry_of == trial.number for t in waiting)
