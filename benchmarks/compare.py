@@ -33,7 +33,7 @@ from typing import Any
 from autotune.atomic import write_text_atomic
 from autotune.errors import AutotuneError
 from autotune.space.overrides import config_from_json, parse_assignments, read_config_file
-from autotune.study.settings import DEFAULT_SAMPLING
+from autotune.study.settings import DEFAULT_SAMPLING, DEFAULT_WORKLOAD
 from autotune.trial.record import TrialRecord
 from autotune.trial.runner import TrialSpec, run_trial
 from autotune.trial.workload import WorkloadSpec, load_requests, parse_workload
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workload",
-        default="synthetic:count=1000,input_len=256,output_len=256",
+        default=DEFAULT_WORKLOAD,
         help="workload spec as for `autotune run --workload`",
     )
     p.add_argument(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune._logging import get_logger
+from autotune.atomic import write_text_atomic
 from autotune.errors import EngineError
 from autotune.trial.installed import installed_distribution
 
@@ -115,10 +116,7 @@ def describe_engine(*, use_cache: bool = True, timeout_s: float = 300.0) -> Engi
         raise EngineError(f"could not read vLLM's engine arguments ({dist} {version}):\n{tail}")
     data = event["info"]
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, cache)
+        write_text_atomic(cache, json.dumps(data))
     except OSError as e:
         _logger.debug("could not cache the engine description: %s", e)
     return EngineInfo.from_dict(data)

@@ -8,13 +8,13 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import StudyError
+from autotune.trial.spec import DEFAULT_SAMPLING
 
 if TYPE_CHECKING:
     import optuna
 
 #: Metrics a study may maximise; every trial reports all of them.
 OBJECTIVES = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s")
-DEFAULT_SAMPLING = {"temperature": 0.8, "top_p": 0.95}
 DEFAULT_WORKLOAD = "synthetic:count=1000,input_len=256,output_len=256"
 DEFAULT_TRIALS = 30
 

@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: how every request samples (``ignore_eos``: each generates exactly its output length)
+DEFAULT_SAMPLING = {"temperature": 0.8, "top_p": 0.95}
+
 
 @dataclass(frozen=True)
 class TrialSpec:
@@ -15,7 +18,7 @@ class TrialSpec:
     engine_kwargs: dict[str, Any]
     workload: dict[str, Any]
     requests_file: str | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_SAMPLING))
     warmup_requests: int = 16
     timeout_s: float = 1200.0
     env: dict[str, str] = field(default_factory=dict)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.trial import protocol
+from autotune.trial.spec import DEFAULT_SAMPLING
 from autotune.trial.workload import DEFAULT_OUTPUT_LEN
 
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "str"}
@@ -222,15 +223,15 @@ def _measure(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any
     """Warm up, then time one ``generate()`` over every request."""
     from vllm import SamplingParams
 
-    sampling = spec.get("sampling", {})
+    sampling = {**DEFAULT_SAMPLING, **spec.get("sampling", {})}
 
     def params(n: int) -> Any:
         return SamplingParams(
             max_tokens=n,
             min_tokens=n,
             ignore_eos=True,
-            temperature=sampling.get("temperature", 0.8),
-            top_p=sampling.get("top_p", 0.95),
+            temperature=sampling["temperature"],
+            top_p=sampling["top_p"],
             detokenize=tokenizer is not None and sampling.get("detokenize", True),
         )
 
