@@ -1,9 +1,10 @@
 """Orchestrate a run: check the inputs, open the study, run its budget, summarise.
 
 The steps, each its own function: :func:`~autotune.tuning.inputs.check_inputs` (nothing is
-written before it passes), :func:`~autotune.tuning.session.open_session` (the storage, the study created or resumed, its
-settings reconciled with the command line, cut-off trials recovered, the budget set),
-:func:`optimize` (Optuna's loop with the objective, the progress display and the stopping rules).
+written before it passes), :func:`~autotune.tuning.session.open_session` (the storage, the study
+created or resumed, its settings reconciled with the command line, cut-off trials recovered, the
+budget set), :func:`optimize` (Optuna's loop with the objective, the progress display and the
+stopping rules).
 """
 
 from __future__ import annotations
