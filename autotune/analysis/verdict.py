@@ -1,0 +1,192 @@
+"""Is the winner real? Validation rounds in, speedups with 95 % bootstrap intervals and a verdict out.
+
+Each round measures every candidate and the baseline once; a candidate's speedup in a round is
+its value over that round's baseline value, so drift between rounds cancels. Its speedup is the
+median of those ratios, with a 95 % percentile bootstrap interval (``scipy.stats.bootstrap``).
+A candidate counts as faster only when the interval's lower bound is above 1.0; the winner is
+the fastest of those, and "keep vLLM's defaults" is the verdict when there is none.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: fewer rounds than this and no interval is computed (one ratio says nothing of the noise)
+MIN_ROUNDS = 2
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """One validated config: its measurements and its speedup over the baseline."""
+
+    trial: int
+    values: tuple[float | None, ...]
+    ratios: tuple[float, ...]
+    median: float | None
+    ci95: tuple[float, float] | None
+    faster: bool
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The validation of a study: every candidate's speedup, the noise, the winner in words.
+
+    Attributes:
+        rounds: Rounds in which the baseline was measured.
+        baseline_values: The baseline's value in each round (None where it failed).
+        noise_cv: The baseline's coefficient of variation over the rounds: this machine's and
+            workload's noise.
+        candidates: The validated configs, fastest median first.
+        winner: The search trial whose config won, or None: keep vLLM's defaults.
+        overlapping: Other faster candidates whose interval overlaps the winner's.
+        verdict: The outcome in words.
+    """
+
+    rounds: int
+    baseline_values: tuple[float | None, ...]
+    noise_cv: float | None
+    candidates: tuple[CandidateResult, ...]
+    winner: int | None
+    overlapping: tuple[int, ...]
+    verdict: str
+
+    @property
+    def winning(self) -> CandidateResult | None:
+        return next((c for c in self.candidates if c.trial == self.winner), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``validation`` entry of an export."""
+        best = self.winning
+        return {
+            **asdict(self),
+            "speedup": best.median if best is not None else 1.0,
+            "speedup_ci95": list(best.ci95) if best is not None and best.ci95 is not None else None,
+            "keep_defaults": self.winner is None,
+        }
+
+
+def _interval(ratios: Sequence[float], seed: int) -> tuple[float, float] | None:
+    if len(ratios) < MIN_ROUNDS:
+        return None
+    if len(set(ratios)) == 1:  # every round agreed: the interval is that value
+        return (ratios[0], ratios[0])
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy warns of degenerate resamples at 2-3 rounds
+        res = bootstrap(
+            (np.asarray(ratios, dtype=float),),
+            np.median,
+            confidence_level=CONFIDENCE,
+            n_resamples=9999,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
+
+
+def _cv(values: Sequence[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    mean = statistics.fmean(values)
+    return statistics.stdev(values) / mean if mean else None
+
+
+def judge(
+    baseline: Sequence[float | None],
+    candidates: Mapping[int, Sequence[float | None]],
+    *,
+    configs: Mapping[int, dict[str, Any]] | None = None,
+    seed: int = 0,
+) -> Verdict:
+    """Judge validation rounds.
+
+    Args:
+        baseline: The baseline's value in each round (None where the measurement failed).
+        candidates: Per search trial whose config was validated, its value in each round.
+        configs: Each candidate's engine args, carried into the result.
+        seed: Seeds the bootstrap.
+
+    Returns:
+        The verdict; a candidate without :data:`MIN_ROUNDS` rounds next to a measured baseline
+        gets no interval and never counts as faster.
+    """
+    results = []
+    for trial, values in candidates.items():
+        ratios = [v / b for v, b in zip(values, baseline, strict=False) if v is not None and b]
+        ci = _interval(ratios, seed)
+        results.append(
+            CandidateResult(
+                trial=trial,
+                values=tuple(values),
+                ratios=tuple(ratios),
+                median=statistics.median(ratios) if ratios else None,
+                ci95=ci,
+                faster=ci is not None and ci[0] > 1.0,
+                config=dict((configs or {}).get(trial, {})),
+            )
+        )
+    results.sort(key=lambda c: -(c.median if c.median is not None else -math.inf))
+    faster = [c for c in results if c.faster]
+    winner = faster[0] if faster else None
+    overlapping = tuple(
+        c.trial
+        for c in faster[1:]
+        if winner is not None
+        and winner.ci95 is not None
+        and c.ci95 is not None
+        and c.ci95[1] >= winner.ci95[0]
+    )
+    measured = [b for b in baseline if b is not None]
+    cv = _cv(measured)
+    return Verdict(
+        rounds=len(measured),
+        baseline_values=tuple(baseline),
+        noise_cv=cv,
+        candidates=tuple(results),
+        winner=winner.trial if winner is not None else None,
+        overlapping=overlapping,
+        verdict=_words(winner, overlapping, results, len(measured), cv),
+    )
+
+
+def _words(
+    winner: CandidateResult | None,
+    overlapping: tuple[int, ...],
+    results: list[CandidateResult],
+    rounds: int,
+    cv: float | None,
+) -> str:
+    noise = f"; the baseline itself varied {cv:.1%} between rounds" if cv is not None else ""
+    if rounds < MIN_ROUNDS:
+        return f"not enough rounds to judge ({rounds} with a measured baseline; {MIN_ROUNDS} needed)"
+    if winner is None or winner.ci95 is None or winner.median is None:
+        best = results[0] if results and results[0].median is not None else None
+        closest = (
+            f" (the closest, trial #{best.trial}: x{best.median:.3f}, 95 % CI "
+            f"{best.ci95[0]:.3f}-{best.ci95[1]:.3f})"
+            if best is not None and best.median is not None and best.ci95 is not None
+            else ""
+        )
+        return (
+            f"keep vLLM's defaults: no config was faster beyond the noise over {rounds} rounds"
+            f"{closest}{noise}"
+        )
+    lo, hi = winner.ci95
+    text = (
+        f"trial #{winner.trial} is faster than vLLM's defaults: x{winner.median:.3f} "
+        f"(95 % CI {lo:.3f}-{hi:.3f}) over {rounds} rounds{noise}"
+    )
+    if overlapping:
+        others = ", ".join(f"#{n}" for n in overlapping)
+        text += f"; no clear winner among the faster ones: {others} overlap(s) its interval"
+    return text

@@ -1,0 +1,43 @@
+"""The statistics of validation rounds (issue 16) on synthetic rounds whose truth is known."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.analysis.verdict import judge
+
+
+def test_a_clear_winner_is_named_with_its_interval():
+    base = [1000.0, 1040.0, 980.0, 1010.0]
+    v = judge(base, {5: [1200.0, 1250.0, 1170.0, 1215.0], 7: [1010.0, 1030.0, 990.0, 1000.0]})
+    assert v.winner == 5 and v.overlapping == ()
+    best = v.winning
+    assert best is not None and best.ci95 is not None
+    assert best.median == pytest.approx(1.2, abs=0.01) and best.ci95[0] > 1.0
+    assert "trial #5 is faster than vLLM's defaults: x1.2" in v.verdict
+    assert v.noise_cv is not None and 0.01 < v.noise_cv < 0.05
+    assert v.to_dict()["speedup_ci95"] == list(best.ci95)
+
+
+def test_candidates_within_the_noise_are_no_clear_winner():
+    base = [1000.0, 1100.0, 950.0]
+    v = judge(base, {3: [1190.0, 1180.0, 1150.0], 4: [1170.0, 1200.0, 1140.0]})
+    assert v.winner in (3, 4) and v.overlapping  # both faster, their intervals overlap
+    assert "no clear winner among the faster ones" in v.verdict
+
+
+def test_an_interval_that_crosses_one_never_claims_a_speedup():
+    base = [1000.0, 1000.0, 1000.0]
+    v = judge(base, {2: [1300.0, 950.0, 1100.0]})  # median x1.1, but one round was slower
+    (c,) = v.candidates
+    assert c.ci95 is not None and c.ci95[0] < 1.0 < c.ci95[1] and not c.faster
+    assert v.winner is None and v.verdict.startswith("keep vLLM's defaults")
+    assert v.to_dict()["keep_defaults"] and v.to_dict()["speedup"] == 1.0
+
+
+def test_one_round_or_a_failed_round_is_no_evidence():
+    v = judge([1000.0], {1: [2000.0]})
+    assert v.winner is None and v.candidates[0].ci95 is None and "not enough rounds" in v.verdict
+    # a round whose baseline failed pairs nothing: the candidate has one ratio left
+    v = judge([1000.0, None], {1: [1500.0, 1600.0]})
+    assert v.candidates[0].ratios == (1.5,) and v.winner is None
