@@ -46,7 +46,7 @@ def fake_trials(monkeypatch, value=lambda spec: 1.0, sleep_s: float = 0.0) -> li
         ran.append(spec)
         return TrialRecord(Outcome.SUCCESS, {"output_tokens_per_s": value(spec)})
 
-    monkeypatch.setattr("autotune.tuning.objective.run_trial", run_trial)
+    monkeypatch.setattr("autotune.tuning.measure.run_trial", run_trial)
     return ran
 
 

@@ -104,7 +104,7 @@ def test_parallel_trials_each_get_a_slot_of_their_own(engine, tmp_path: Path, mo
             running.discard(gpus)
         return TrialRecord(outcome=Outcome.SUCCESS, metrics={"output_tokens_per_s": 1.0})
 
-    monkeypatch.setattr("autotune.tuning.objective.run_trial", fake_run_trial)
+    monkeypatch.setattr("autotune.tuning.measure.run_trial", fake_run_trial)
     slots = plan_slots([0, 1, 2, 3], 1, visible=EIGHT, platform="cuda")
     objective = Objective(
         settings=StudySettings(

@@ -14,7 +14,10 @@ import statistics
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
 
 #: fewer rounds than this and no interval is computed (one ratio says nothing of the noise)
 MIN_ROUNDS = 2
@@ -190,3 +193,27 @@ def _words(
         others = ", ".join(f"#{n}" for n in overlapping)
         text += f"; no clear winner among the faster ones: {others} overlap(s) its interval"
     return text
+
+
+def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
+    """The verdict of a study's validation rounds; None when it has none (not validated)."""
+    from autotune.study.trials import baseline_trial
+    from autotune.study.validation import load_validation, measurements, rounds_of
+    from autotune.trial.record import TrialRecord
+
+    val = load_validation(study)
+    base = baseline_trial(study)
+    if val is None or base is None:
+        return None
+    found = [m for m in measurements(val) if m.finished]
+    if not found:
+        return None
+    rounds = sorted({m.round for m in found if m.validates == base.number})
+    candidates = sorted({m.validates for m in found} - {base.number})
+    configs = {n: dict(TrialRecord.of(study.trials[n]).engine_kwargs or {}) for n in candidates}
+    return judge(
+        rounds_of(found, base.number, rounds),
+        {n: rounds_of(found, n, rounds) for n in candidates},
+        configs=configs,
+        seed=seed,
+    )

@@ -18,17 +18,13 @@ STALE_REASON = "its worker stopped sending heartbeats (killed, or its machine wa
 
 def queue_retry(study: optuna.Study, trial: optuna.trial.BaseTrial, reason: str) -> None:
     """Queue ``trial``'s config to run again (its own trial was cut off, and doesn't count)."""
-    record = TrialRecord.of(trial)
-    again = TrialRecord(role=record.role, config=record.config, retry_of=trial.number, retry_reason=reason)
+    again = TrialRecord.of(trial).slot(retry_of=trial.number, retry_reason=reason)
     study.enqueue_trial(dict(trial.params), user_attrs=again.attrs())
 
 
 def queue_back(study: optuna.Study, trial: optuna.trial.BaseTrial) -> None:
     """Put the config ``trial`` took from the queue back there, as it was queued (it never ran)."""
-    record = TrialRecord.of(trial)
-    again = TrialRecord(
-        role=record.role, config=record.config, retry_of=record.retry_of, retry_reason=record.retry_reason
-    )
+    again = TrialRecord.of(trial).slot()
     study.enqueue_trial(dict(trial.params), user_attrs=again.attrs(), skip_if_exists=False)
 
 

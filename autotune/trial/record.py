@@ -75,11 +75,14 @@ _KEYS = {
     "retry_of": "autotune_retry_of",
     "retry_reason": "autotune_retry_reason",
     "duplicate_of": "autotune_duplicate_of",
+    "validates": "autotune_validates",
+    "validation_round": "autotune_validation_round",
 }
 ROLE_ATTR = _KEYS["role"]
 RETRY_ATTR = _KEYS["retry_of"]
 RETRY_REASON_ATTR = _KEYS["retry_reason"]
 DUPLICATE_ATTR = _KEYS["duplicate_of"]
+VALIDATES_ATTR = _KEYS["validates"]
 #: fields only ``result.json`` holds (the process that ran); the study keeps the rest
 _FILE_ONLY = ("returncode", "pid", "stdout")
 
@@ -106,6 +109,8 @@ class TrialRecord:
         retry_of: The trial it runs again (that one was cut off or timed out cold).
         retry_reason: Why that trial runs again.
         duplicate_of: The earlier trial whose measurement answers this one (nothing ran).
+        validates: In a validation study: the search trial whose config this measures again.
+        validation_round: In a validation study: the round this measurement belongs to.
         returncode: The worker's exit status (``result.json`` only).
         pid: The worker's PID, also its process group (``result.json`` only).
         stdout: The worker's stdout log (``result.json`` only).
@@ -128,6 +133,8 @@ class TrialRecord:
     retry_of: int | None = None
     retry_reason: str | None = None
     duplicate_of: int | None = None
+    validates: int | None = None
+    validation_round: int | None = None
     returncode: int | None = None
     pid: int | None = None
     stdout: str | None = None
@@ -157,7 +164,7 @@ class TrialRecord:
         except ValueError:
             values["role"] = Role.SAMPLED
         values["gpus"] = tuple(values.get("gpus") or ())
-        for name in ("retry_of", "duplicate_of"):
+        for name in ("retry_of", "duplicate_of", "validates", "validation_round"):
             if name in values:
                 values[name] = int(values[name])
         return cls(**values)
@@ -191,8 +198,22 @@ class TrialRecord:
 
     @property
     def queued(self) -> bool:
-        """Its config came from the queue (baseline, enqueued, a retry), not from the sampler."""
-        return self.role is not Role.SAMPLED or self.retry_of is not None
+        """Its config came from the queue (baseline, enqueued, a retry, a validation round), not
+        from the sampler."""
+        return self.role is not Role.SAMPLED or self.retry_of is not None or self.validates is not None
+
+    def slot(self, **changes: Any) -> TrialRecord:
+        """What identifies the config of a queued trial (its role, an enqueued config, the
+        validation slot), with ``changes``: the record to queue it again with."""
+        same = TrialRecord(
+            role=self.role,
+            config=self.config,
+            validates=self.validates,
+            validation_round=self.validation_round,
+            retry_of=self.retry_of,
+            retry_reason=self.retry_reason,
+        )
+        return dataclasses.replace(same, **changes)
 
     @property
     def searched_config(self) -> dict[str, Any] | None:

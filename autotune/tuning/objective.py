@@ -8,7 +8,6 @@ learns to avoid the region); timeout or crash -> FAIL, with the error and the lo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,17 +25,13 @@ from autotune.study.settings import StudySettings
 from autotune.study.trials import find_duplicate
 from autotune.trial.outcome import engine_start_s
 from autotune.trial.record import Outcome, Role, TrialRecord, mark
-from autotune.trial.runner import run_trial, write_skipped
-from autotune.trial.spec import TrialSpec
+from autotune.trial.runner import write_skipped
+from autotune.tuning.measure import TrialFailed, measure, record_slot, start, trial_spec, value_of
 from autotune.tuning.placement import Slot, SlotPool
 
 _logger = get_logger(__name__)
 
 COLD_RETRY_REASON = "timed out in the run's first, cold engine start"
-
-
-class TrialFailed(Exception):
-    """A trial crashed or timed out; the study records it as FAIL and goes on (control flow)."""
 
 
 class OverBudget(TrialFailed):
@@ -83,7 +78,7 @@ class Objective:
         config = self.config_for(trial)
         trial_dir = self.study_dir / "trials" / str(trial.number)
         engine_kwargs = {"model": self.settings.model, **config}
-        TrialRecord(trial_dir=str(trial_dir), engine_kwargs=engine_kwargs).write(trial)
+        start(trial, trial_dir, engine_kwargs)
         reasons = violations(config, self.space.constraints, gpus=self.pool.gpus_per_trial)
         if reasons:
             write_skipped(trial_dir, engine_kwargs, reasons).write(trial)
@@ -97,13 +92,8 @@ class Objective:
         if self.budget is not None and over_budget(trial.study, trial, self.budget):
             self._give_back(trial)
         with self.pool.take() as slot:
-            if slot.device_ids:  # recorded before it runs: a trial cut off still says where it ran
-                TrialRecord(gpus=slot.device_ids).write(trial)
-            try:
-                return self._run(trial, engine_kwargs, trial_dir, slot)
-            finally:
-                if self.on_phase is not None:
-                    self.on_phase(trial.number, None)
+            record_slot(trial, slot)
+            return self._run(trial, engine_kwargs, trial_dir, slot)
 
     def _give_back(self, trial: optuna.Trial) -> None:
         """Record ``trial`` as over the budget, put a queued config back in the queue, stop."""
@@ -147,38 +137,17 @@ class Objective:
         queue_retry(trial.study, trial, COLD_RETRY_REASON)
 
     def _run(self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
-        spec = TrialSpec(
-            trial_dir=trial_dir,
-            engine_kwargs=engine_kwargs,
-            workload=self.settings.workload,
-            requests_file=self.requests_file,
-            sampling=self.settings.sampling,
-            warmup_requests=self.settings.warmup_requests,
+        spec = trial_spec(
+            self.settings,
+            engine_kwargs,
+            trial_dir,
+            slot,
             timeout_s=self.timeout_s,
-            env={**self.env, **slot.env},
-            device_ids=list(slot.device_ids),
+            requests_file=self.requests_file,
+            env=self.env,
         )
-        try:
-            on_phase = self.on_phase
-            if on_phase is None:
-                result = run_trial(spec)
-            else:
-                result = run_trial(spec, on_phase=lambda phase: on_phase(trial.number, phase))
-        except KeyboardInterrupt:
-            # the trial's process group is gone already (run_trial); its config is queued again
-            # here, by the one worker it belonged to (two workers starting later could both)
-            mark(trial, Outcome.INTERRUPTED, "interrupted by the user (Ctrl-C / SIGTERM)")
-            queue_retry(trial.study, trial, Outcome.INTERRUPTED.value)
-            raise
-        # recorded first: a trial another worker failed meanwhile (a stale heartbeat, queued
-        # again there) raises here, before it could be queued a second time below
-        # trial_dir, engine_kwargs and gpus are stored already
-        dataclasses.replace(result, trial_dir=None, engine_kwargs=None, gpus=()).write(trial)
+        result = measure(trial, spec, self.on_phase)
         self._retry_cold(trial, result)
         if "warmup" in result.phases_s:
             self._warm = True
-        if result.outcome is Outcome.SUCCESS:
-            return float(result.metrics[self.settings.objective])
-        if result.outcome in (Outcome.OOM, Outcome.INVALID):
-            raise optuna.TrialPruned(f"{result.error_type}: {result.error}")
-        raise TrialFailed(f"{result.error_type}: {result.error} (log: {result.log})")
+        return value_of(result, self.settings.objective)

@@ -1,0 +1,103 @@
+"""One measurement of one config on an Optuna trial: the spec, the isolated run, the record,
+and the value (or the pruned / failed state). The search's objective and the validation
+rounds' both measure through here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.study.recovery import queue_retry
+from autotune.study.settings import StudySettings
+from autotune.trial.record import Outcome, TrialRecord, mark
+from autotune.trial.runner import run_trial
+from autotune.trial.spec import TrialSpec
+from autotune.tuning.placement import Slot
+
+
+class TrialFailed(Exception):
+    """A trial crashed or timed out; the study records it as FAIL and goes on (control flow)."""
+
+
+def trial_spec(
+    settings: StudySettings,
+    engine_kwargs: dict[str, Any],
+    trial_dir: Path,
+    slot: Slot,
+    *,
+    timeout_s: float,
+    requests_file: str | None,
+    env: dict[str, str],
+) -> TrialSpec:
+    return TrialSpec(
+        trial_dir=trial_dir,
+        engine_kwargs=engine_kwargs,
+        workload=settings.workload,
+        requests_file=requests_file,
+        sampling=settings.sampling,
+        warmup_requests=settings.warmup_requests,
+        timeout_s=timeout_s,
+        env={**env, **slot.env},
+        device_ids=list(slot.device_ids),
+    )
+
+
+def measure(
+    trial: optuna.Trial, spec: TrialSpec, on_phase: Callable[[int, str | None], None] | None = None
+) -> TrialRecord:
+    """Run ``spec`` for ``trial`` and store how it went on the trial.
+
+    Ctrl-C (or SIGTERM) ends the trial's process group (the runner), marks the trial interrupted
+    and queues its config again, here, by the one worker it belonged to (two workers starting
+    later could both), then lets the interrupt go on.
+    """
+    try:
+        if on_phase is None:
+            result = run_trial(spec)
+        else:
+            result = run_trial(spec, on_phase=lambda phase: on_phase(trial.number, phase))
+    except KeyboardInterrupt:
+        mark(trial, Outcome.INTERRUPTED, "interrupted by the user (Ctrl-C / SIGTERM)")
+        queue_retry(trial.study, trial, Outcome.INTERRUPTED.value)
+        raise
+    finally:
+        if on_phase is not None:
+            on_phase(trial.number, None)
+    # recorded before anything else: a trial another worker failed meanwhile (a stale heartbeat,
+    # queued again there) raises here; trial_dir, engine_kwargs and gpus are stored already
+    TrialRecord(
+        outcome=result.outcome,
+        metrics=result.metrics,
+        error_type=result.error_type,
+        error=result.error,
+        telemetry=result.telemetry,
+        engine=result.engine,
+        wall_s=result.wall_s,
+        phases_s=result.phases_s,
+        log=result.log,
+    ).write(trial)
+    return result
+
+
+def value_of(result: TrialRecord, objective: str) -> float:
+    """The trial's value; out of memory or an invalid config prunes it (the sampler learns to
+    avoid the region), a timeout or crash fails it."""
+    if result.outcome is Outcome.SUCCESS:
+        return float(result.metrics[objective])
+    if result.outcome in (Outcome.OOM, Outcome.INVALID):
+        raise optuna.TrialPruned(f"{result.error_type}: {result.error}")
+    raise TrialFailed(f"{result.error_type}: {result.error} (log: {result.log})")
+
+
+def start(trial: optuna.Trial, trial_dir: Path, engine_kwargs: dict[str, Any]) -> None:
+    """What a trial will run, stored before it runs."""
+    TrialRecord(trial_dir=str(trial_dir), engine_kwargs=engine_kwargs).write(trial)
+
+
+def record_slot(trial: optuna.Trial, slot: Slot) -> None:
+    """The GPUs a trial runs on, stored before it runs: a trial cut off still says where it ran."""
+    if slot.device_ids:
+        TrialRecord(gpus=slot.device_ids).write(trial)
