@@ -28,6 +28,7 @@ def _study(studies: Path, name: str) -> optuna.Study:
 def test_run_prune_resume_export(tmp_path: Path, tiny_model: Path):
     studies = tmp_path / "studies"
     common = ["--study", "e2e", "--studies-dir", str(studies), "--no-bar", "--trial-timeout", "300"]
+    common += ["--validate-rounds", "0"]  # validation has tests of its own
     first = autotune(
         "run",
         "--model",

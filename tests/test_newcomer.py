@@ -66,7 +66,7 @@ def test_a_smaller_trials_never_lowers_the_budget_silently(tmp_path: Path):
     study = make_study(url, n=12, name="s")
     used = counted_trials(study)
     assert budget(study) == 30 and used < 30
-    common = ["--study", "s", "--studies-dir", str(tmp_path), "--no-bar"]
+    common = ["--study", "s", "--studies-dir", str(tmp_path), "--no-bar", "--validate-rounds", "0"]
     below = autotune("run", "--trials", "3", *common)
     assert below.returncode == 0, below.stderr[-2000:]
     assert f"has used {used} already: nothing more runs, and its budget stays at 30" in below.stderr

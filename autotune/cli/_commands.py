@@ -30,6 +30,8 @@ def _run_request(args: argparse.Namespace, **given: Any) -> Any:
         seed=args.seed,
         time_budget_s=args.time_budget,
         show_bar=not args.no_bar and sys.stderr.isatty(),
+        validate_top=args.validate_top,
+        validate_rounds=args.validate_rounds,
         **given,
     )
 
@@ -63,6 +65,32 @@ def _print_summary(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     if str(args.studies_dir) != "studies":
         where += f" --studies-dir {args.studies_dir}"
     print(format_summary(summary, where))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Measure the study's best configs and the baseline again in rounds; the verdict."""
+    from autotune.tuning.placement import parse_gpus
+    from autotune.tuning.request import RunRequest
+    from autotune.tuning.run import run_study
+
+    if args.validate_rounds < 1:
+        from autotune.errors import AutotuneError
+
+        raise AutotuneError("--rounds must be at least 1 (each round measures every config once)")
+    request = RunRequest(
+        study=args.study,
+        storage=args.storage,
+        studies_dir=args.studies_dir,
+        trial_timeout_s=args.trial_timeout,
+        show_bar=not args.no_bar and sys.stderr.isatty(),
+        gpus=parse_gpus(args.gpus) if args.gpus is not None else None,
+        gpus_per_trial=args.gpus_per_trial,
+        validate_top=args.validate_top,
+        validate_rounds=args.validate_rounds,
+        validate_only=True,
+    )
+    _print_summary(args, run_study(request))
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -104,14 +132,10 @@ def export(study_name: str, storage: str | None, studies_dir: Any, out: Any, *, 
         _logger.info("%s", line)
     doc = build_export(study, describe_engine(), url, importance=section)
     path = write_export(doc, out)
-    speed = doc["speedup_over_baseline"]
+    validation = doc["validation"]
+    _logger.info("exported trial #%d (%s) to %s", doc["trial_number"], doc["objective"], path)
     _logger.info(
-        "exported trial #%d (%s %.1f%s) to %s",
-        doc["trial_number"],
-        doc["objective"],
-        doc["value"],
-        f", x{speed:.2f} vs vLLM defaults" if speed else "",
-        path,
+        "%s", validation.get("verdict") or f"{validation['status']}: {validation.get('message', '')}"
     )
 
 

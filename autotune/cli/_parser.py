@@ -96,6 +96,27 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study (default 0)")
     p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")
     p.add_argument("--json", action="store_true", help="end with the run's summary as JSON")
+    _validate_args(p, top=2 if demo else 3, rounds=2 if demo else 3, prefix="--validate-")
+
+
+def _validate_args(p: argparse.ArgumentParser, *, top: int, rounds: int, prefix: str) -> None:
+    p.add_argument(
+        f"{prefix}top",
+        dest="validate_top",
+        type=_positive_int,
+        default=top,
+        metavar="K",
+        help=f"validate the K best distinct configs of the search (default {top})",
+    )
+    p.add_argument(
+        f"{prefix}rounds",
+        dest="validate_rounds",
+        type=int,
+        default=rounds,
+        metavar="R",
+        help=f"rounds in which each of them and vLLM's defaults run again, in a shuffled order "
+        f"(default {rounds}; 0: no validation, and no speedup is claimed)",
+    )
 
 
 def _command(
@@ -229,6 +250,30 @@ def build_parser() -> argparse.ArgumentParser:
     _study_args(show, writes=False)
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(func=_commands.cmd_show)
+
+    validate = _command(
+        sub,
+        "validate",
+        "measure a study's best configs and vLLM's defaults again, in rounds, and judge the winner",
+        "autotune validate --study llama1b --top 3 --rounds 5",
+        common,
+    )
+    _study_args(validate, writes=False)
+    _validate_args(validate, top=3, rounds=3, prefix="--")
+    validate.add_argument(
+        "--trial-timeout",
+        type=_positive_float,
+        default=1800.0,
+        metavar="SEC",
+        help="seconds per trial (default %(default)g)",
+    )
+    validate.add_argument("--no-bar", action="store_true", help="log lines only")
+    validate.add_argument("--json", action="store_true", help="end with the summary as JSON")
+    validate.add_argument("--gpus", metavar="IDS", help="GPUs to use (as for run)")
+    validate.add_argument(
+        "--gpus-per-trial", type=_positive_int, metavar="N", help="GPUs of one trial (as for run)"
+    )
+    validate.set_defaults(func=_commands.cmd_validate)
 
     demo = _command(
         sub,

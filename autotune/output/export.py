@@ -7,13 +7,16 @@ import datetime as _dt
 import json
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from autotune.atomic import write_json_atomic
 from autotune.errors import StudyError
 from autotune.space.engine_args import EngineInfo
+
+if TYPE_CHECKING:
+    from autotune.analysis.verdict import Verdict
 from autotune.study.settings import stored_settings
 from autotune.study.trials import baseline_trial, best_or_none, ratio, state_counts
 from autotune.trial.record import Role, TrialRecord
@@ -79,10 +82,15 @@ def build_export(
         StudyError: no trial of the study completed.
     """
     from autotune.analysis.importance import importance_section
+    from autotune.analysis.verdict import study_verdict
 
     settings = stored_settings(study)
     best = exportable_best(study)
     base = baseline_trial(study)
+    verdict = study_verdict(study)
+    if verdict is not None and verdict.rounds:
+        # the validated winner; "keep vLLM's defaults": the baseline, i.e. the fixed args alone
+        best = study.trials[verdict.winner] if verdict.winner is not None else (base or best)
     record = TrialRecord.of(best)
     base_record = TrialRecord.of(base) if base is not None else None
     kwargs = dict(record.engine_kwargs or {"model": settings.model})
@@ -108,7 +116,8 @@ def build_export(
             "metrics": _metrics(base_record),
             "resolved_engine_config": base_record.engine,
         },
-        "speedup_over_baseline": ratio(best.value, base.value if base is not None else None),
+        "speedup_over_baseline": _speedup(best, base, verdict),
+        "validation": _validation(verdict),
         "model": settings.model,
         "workload": settings.workload,
         "search_space": settings.space,
@@ -120,6 +129,25 @@ def build_export(
         "importance": importance if importance is not None else importance_section(study),
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _speedup(
+    best: optuna.trial.FrozenTrial, base: optuna.trial.FrozenTrial | None, verdict: Verdict | None
+) -> float | None:
+    """The validated speedup when there is one; else the single search measurement's ratio."""
+    if verdict is not None and verdict.rounds:
+        return float(verdict.to_dict()["speedup"])
+    return ratio(best.value, base.value if base is not None else None)
+
+
+def _validation(verdict: Verdict | None) -> dict[str, Any]:
+    if verdict is None:
+        return {
+            "status": "not validated",
+            "message": "the speedup is one measurement of each config; `autotune validate` measures the "
+            "best again in rounds beside vLLM's defaults",
+        }
+    return {"status": "validated", **verdict.to_dict()}
 
 
 def exportable_best(study: optuna.Study) -> optuna.trial.FrozenTrial:

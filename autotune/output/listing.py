@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune._logging import get_logger
+from autotune.analysis.verdict import study_verdict
 from autotune.errors import AutotuneError, StorageError, StudyError
 from autotune.output.text import fmt, table
 from autotune.study.budget import counted_trials
 from autotune.study.settings import budget, raw_settings
 from autotune.study.trials import baseline_value, best_or_none, ratio
+from autotune.study.validation import is_validation_study
 
 if TYPE_CHECKING:
     import optuna
@@ -38,6 +40,8 @@ class StudySummary:
     best_trial: int | None = None
     baseline_value: float | None = None
     speedup: float | None = None
+    #: the validated verdict in a few words: "x1.18 [1.15-1.21]", "keep defaults", "not validated"
+    validated: str = "not validated"
     vllm: str = ""
     started: str | None = None
     autotune: bool = True
@@ -66,10 +70,22 @@ def summarize_study(study: optuna.Study, storage: str) -> StudySummary:
         best_trial=best.number if best is not None else None,
         baseline_value=base_value,
         speedup=ratio(best.value, base_value) if best is not None else None,
+        validated=_validated(study) if settings else "-",
         vllm=f"{settings.get('distribution', '')} {settings.get('vllm_version', '')}".strip(),
         started=min(starts).isoformat(timespec="seconds") if starts else None,
         autotune=bool(settings),
     )
+
+
+def _validated(study: optuna.Study) -> str:
+    verdict = study_verdict(study)
+    if verdict is None:
+        return "not validated"
+    best = verdict.winning
+    if best is None or best.median is None:
+        return "keep defaults"
+    ci = f" [{best.ci95[0]:.2f}-{best.ci95[1]:.2f}]" if best.ci95 else ""
+    return f"x{best.median:.3f}{ci} (#{best.trial})"
 
 
 def is_optuna_sqlite(path: Path) -> bool:
@@ -128,7 +144,7 @@ def list_studies(urls: Sequence[str]) -> list[StudySummary]:
                 raise StorageError(f"{label}: {e}") from None
             _logger.warning("skipping %s: %s", label, e)
             continue
-        for name in names:
+        for name in (n for n in names if not is_validation_study(n)):  # shown with their study
             study = optuna.load_study(study_name=name, storage=storage)
             out.append(summarize_study(study, label))
     return sorted(out, key=lambda s: (s.name, s.storage))
@@ -147,7 +163,8 @@ def format_list(summaries: Sequence[StudySummary]) -> str:
         "PRUNED",
         "FAIL",
         "BEST",
-        "x BASELINE",
+        "x BASELINE (1 run)",
+        "VALIDATED",
         "OBJECTIVE",
         "MODEL",
     ]
@@ -160,7 +177,7 @@ def format_list(summaries: Sequence[StudySummary]) -> str:
         trials = f"{s.n_trials}" + (f" ({other} running/waiting)" if other else "")
         model = s.model if s.autotune else "(not an autotune study)"
         used = f"{s.used}/{s.budget}" if s.budget is not None else "-"
-        rows.append([s.name, trials, used, *counts, best, speed, s.objective or "-", model])
+        rows.append([s.name, trials, used, *counts, best, speed, s.validated, s.objective or "-", model])
     text = table(headers, rows, right={1, 2, 3, 4, 5, 6, 7})
     if several:
         text += "\n\n" + "\n".join(f"{s.name}: {s.storage}" for s in summaries)

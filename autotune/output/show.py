@@ -6,6 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from autotune.analysis.records import trial_rows
+from autotune.analysis.verdict import study_verdict
 from autotune.output.listing import summarize_study
 from autotune.output.text import fmt, indent, table
 from autotune.study.settings import raw_settings
@@ -84,8 +85,39 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
         else {"trial": best.number, "value": best.value, "speedup_over_baseline": best.speedup},
         "baseline": None if base_row is None else {"trial": base_row.number, "value": base_row.value},
         "best_vs_baseline": comparison,
+        "validation": _validation(study),
         "trials": [dataclasses.asdict(r) for r in rows],
     }
+
+
+def _validation(study: optuna.Study) -> dict[str, Any] | None:
+    verdict = study_verdict(study)
+    return verdict.to_dict() if verdict is not None else None
+
+
+def _validation_lines(v: dict[str, Any] | None) -> list[str]:
+    if v is None:
+        return [
+            "Not validated: each speedup above is one measurement of each config; `autotune validate` "
+            "measures the best again in rounds beside vLLM's defaults."
+        ]
+    cv = v.get("noise_cv")
+    noise = f", vLLM's defaults varied {cv:.1%} between rounds" if cv is not None else ""
+    lines = [f"Validation: {v['rounds']} round(s){noise}", f"  verdict: {v['verdict']}"]
+    rows = []
+    for c in v["candidates"]:
+        ci = c.get("ci95")
+        rows.append(
+            [
+                f"#{c['trial']}" + (" *" if c["trial"] == v.get("winner") else ""),
+                f"x{c['median']:.3f}" if c.get("median") is not None else "-",
+                f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
+                " ".join(f"{r:.3f}" for r in c.get("ratios") or ()) or "-",
+            ]
+        )
+    if rows:
+        lines.append(indent(table(["config of", "speedup", "95 % CI", "each round (x defaults)"], rows)))
+    return lines
 
 
 def _short(text: str | None, n: int = 90) -> str:
@@ -140,6 +172,7 @@ def format_show(doc: dict[str, Any]) -> str:
                 for c in doc["best_vs_baseline"]
             ]
             lines.append(indent(table(["parameter", "vLLM default", "best", "changed"], rows)))
+    lines += ["", *_validation_lines(doc.get("validation"))]
     lines += ["", "Trials"]
     rows = []
     for r in doc["trials"]:

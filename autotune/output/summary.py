@@ -34,8 +34,17 @@ def format_summary(summary: dict[str, Any], where: str = "") -> str:
         lines.append(
             f"best: trial #{best['trial']}, {fmt(best['value'])} {objective}, "
             f"x{summary['speedup_over_baseline']:.3f} over vLLM's defaults "
-            f"(trial #{base_trial}, {fmt(base_value)})"
+            f"(trial #{base_trial}, {fmt(base_value)}; one measurement each)"
         )
+    validation = summary.get("validation") or {"status": "not validated"}
+    if validation.get("status") == "not validated":
+        if best is not None and base_value is not None:
+            lines.append(
+                "not validated: `autotune validate` measures the best configs again in rounds beside "
+                "vLLM's defaults"
+            )
+    else:
+        lines.append(f"validated: {validation['verdict']}")
     at = f" --study {name}{where}"
     lines.append(
         f"next: autotune export{at} --out best.json  |  autotune report{at} --out report.html  |  "

@@ -30,3 +30,8 @@ class RunRequest:
     gpus_per_trial: int | None = None
     heartbeat_s: int | None = None  # None: the study's stored one (a new study: 30 s)
     warn_short_measurement: bool = True
+    #: validation after the search: the best configs measured again (0 rounds: none)
+    validate_top: int = 3
+    validate_rounds: int = 3
+    #: ``autotune validate``: no search, only the validation rounds of an existing study
+    validate_only: bool = False

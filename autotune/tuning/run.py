@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
+from autotune.analysis.verdict import Verdict, study_verdict
 from autotune.errors import StudyError
 from autotune.study.budget import counted_trials
 from autotune.study.lock import study_lock
@@ -35,6 +36,7 @@ from autotune.tuning.progress import SHORT_MEASUREMENT_S, Progress
 from autotune.tuning.request import RunRequest
 from autotune.tuning.session import Session, open_session
 from autotune.tuning.stopping import StopReason, StopRules
+from autotune.tuning.validate import ValidationObjective, validate
 
 _logger = get_logger(__name__)
 
@@ -51,8 +53,43 @@ def run_study(req: RunRequest) -> dict[str, Any]:
         ) from None
     with _lock(inputs):
         session = open_session(req, inputs)
-        optimize(req, inputs, session)
-        return summary(session.study)
+        finished = req.validate_only or optimize(req, inputs, session)
+        verdict = None
+        if finished and req.validate_rounds > 0:
+            verdict = validate_session(req, inputs, session)
+        elif req.validate_rounds > 0:
+            _logger.info("the search is not finished: no validation yet (the same command resumes both)")
+        out = summary(session.study)
+        out["validation"] = verdict.to_dict() if verdict is not None else _previous(session.study)
+        return out
+
+
+def _previous(study: optuna.Study) -> dict[str, Any]:
+    verdict = study_verdict(study)
+    return verdict.to_dict() if verdict is not None else {"status": "not validated"}
+
+
+def validate_session(req: RunRequest, inputs: RunInputs, s: Session) -> Verdict | None:
+    """The validation rounds of an open study (see :mod:`autotune.tuning.validate`)."""
+    objective = ValidationObjective(
+        search=s.study,
+        settings=s.settings,
+        study_dir=s.study_dir,
+        timeout_s=req.trial_timeout_s,
+        pool=inputs.pool,
+        requests_file=s.requests_file,
+        env=req.env,
+    )
+    stop_requests.reset()
+    return validate(
+        s.study,
+        s.study._storage,
+        objective,
+        top=req.validate_top,
+        rounds=req.validate_rounds,
+        seed=s.settings.seed,
+        sole_worker=s.sole_worker,
+    )
 
 
 @contextlib.contextmanager
@@ -92,8 +129,12 @@ def _announce(inputs: RunInputs, s: Session, counted: int) -> None:
         _logger.info("fixed for every trial: %s", s.space.fixed)
 
 
-def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> None:
-    """Run trials until the budget is used up or a stopping rule fires."""
+def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> bool:
+    """Run trials until the budget is used up or a stopping rule fires.
+
+    Returns:
+        Whether the search is finished: its budget used up, or converged (not stopped for time).
+    """
     study, slots = s.study, inputs.pool.slots
     counted = counted_trials(study)
     _announce(inputs, s, counted)
@@ -112,7 +153,7 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> None:
             s.total,
             s.total,
         )
-        return
+        return True
     started = time.time()
     rules = StopRules(
         budget=s.total,
@@ -176,3 +217,4 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> None:
             "of the space; the constraints rule out (nearly) the whole space: loosen them or "
             "the parameter ranges"
         )
+    return rules.reason is not StopReason.TIME

@@ -302,3 +302,33 @@ def gpu_figure(rows: Sequence[TrialRow]) -> str | None:
         "GPU utilisation per trial",
         "NVML utilisation averaged over each trial's generate phase (orange: vLLM's defaults)",
     )
+
+
+def validation_figure(validation: dict[str, Any]) -> str | None:
+    """Each validated config's value in each round beside vLLM's defaults' in the same round."""
+    from matplotlib.ticker import MaxNLocator
+
+    candidates = validation.get("candidates") or []
+    base = validation.get("baseline_values") or []
+    if not base:
+        return None
+    fig = _figure(12, 3.8)
+    ax = fig.add_subplot()
+    rounds = list(range(1, len(base) + 1))
+    ax.plot(rounds, [b if b is not None else math.nan for b in base], color=_BASELINE_COLOR, marker="*",
+            markersize=12, ls="--", label="vLLM defaults", zorder=4)  # fmt: skip
+    for c in candidates:
+        values = [v if v is not None else math.nan for v in c.get("values") or []]
+        winner = c["trial"] == validation.get("winner")
+        ax.plot(rounds[: len(values)], values, marker="o", lw=2.5 if winner else 1.2,
+                label=f"config of trial #{c['trial']}" + (" (the winner)" if winner else ""))  # fmt: skip
+    ax.set_xlabel("validation round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    _legend_outside(ax, fontsize=9)
+    return _png(
+        fig,
+        "validation rounds",
+        "each config measured again once per round, in a shuffled order, beside vLLM's defaults; "
+        "a speedup is a config's value over the defaults' in the same round",
+    )

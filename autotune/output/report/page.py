@@ -18,6 +18,7 @@ from autotune.output.report.figures import (
     history_figure,
     require_matplotlib,
     scatter_figure,
+    validation_figure,
 )
 from autotune.output.report.tables import best_vs_defaults_html, fmt_value, importance_html, kv, trials_html
 from autotune.output.show import show_doc
@@ -104,6 +105,37 @@ def _gpu_section(rows: list[TrialRow], platform: str | None) -> str:
     return f'<p class="note">No GPU telemetry: {why}</p>'
 
 
+def _validation_section(v: dict[str, Any] | None) -> str:
+    if v is None:
+        return (
+            '<p class="warn">Not validated: every speedup on this page is one measurement of each '
+            "config. <code>autotune validate</code> measures the best configs again in rounds beside "
+            "vLLM&#x27;s defaults.</p>"
+        )
+    rows = []
+    for c in v["candidates"]:
+        ci, median = c.get("ci95"), c.get("median")
+        winner = " (winner)" if c["trial"] == v.get("winner") else ""
+        each = " ".join(f"{r:.3f}" for r in c.get("ratios") or ())
+        rows.append(
+            f"<tr><td>#{c['trial']}{winner}</td>"
+            f'<td class="num">{f"x{median:.3f}" if median is not None else "—"}</td>'
+            f'<td class="num">{f"{ci[0]:.3f}–{ci[1]:.3f}" if ci else "—"}</td>'
+            f"<td>{html.escape(each)}</td></tr>"
+        )
+    cv = v.get("noise_cv")
+    noise = f" vLLM's defaults varied {cv:.1%} between rounds." if cv is not None else ""
+    table = (
+        "<table><thead><tr><th>config of</th><th>speedup (median)</th><th>95 % CI</th>"
+        f"<th>each round (× defaults)</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+    figure = validation_figure(v) or ""
+    return (
+        f"<p><b>{html.escape(v['verdict'])}</b></p><p>{v['rounds']} round(s).{html.escape(noise)}</p>"
+        f"{figure}{table}"
+    )
+
+
 def render_report(
     study: optuna.Study,
     *,
@@ -150,6 +182,7 @@ def render_report(
     )
     sections = [
         ("history", "Optimisation history", history_figure(rows, objective, infeasible)),
+        ("validation", "Validation: is the winner real?", _validation_section(doc.get("validation"))),
         ("importance", "Parameter importance", importance_html(importance, error)),
         (
             "scatter",
