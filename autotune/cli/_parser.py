@@ -96,7 +96,7 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study (default 0)")
     p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")
     p.add_argument("--json", action="store_true", help="end with the run's summary as JSON")
-    _validate_args(p, top=2 if demo else 3, rounds=2 if demo else 3, prefix="--validate-")
+    _validate_args(p, top=1 if demo else 3, rounds=2 if demo else 3, prefix="--validate-")
 
 
 def _validate_args(p: argparse.ArgumentParser, *, top: int, rounds: int, prefix: str) -> None:
