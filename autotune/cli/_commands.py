@@ -88,6 +88,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         validate_top=args.validate_top,
         validate_rounds=args.validate_rounds,
         validate_only=True,
+        time_budget_s=args.time_budget,
     )
     _print_summary(args, run_study(request))
     return 0

@@ -267,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SEC",
         help="seconds per trial (default %(default)g)",
     )
+    validate.add_argument(
+        "--time-budget",
+        type=_positive_float,
+        metavar="SEC",
+        help="start no measurement that would likely end after SEC seconds (the same command resumes)",
+    )
     validate.add_argument("--no-bar", action="store_true", help="log lines only")
     validate.add_argument("--json", action="store_true", help="end with the summary as JSON")
     validate.add_argument("--gpus", metavar="IDS", help="GPUs to use (as for run)")

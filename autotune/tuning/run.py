@@ -81,6 +81,11 @@ def validate_session(req: RunRequest, inputs: RunInputs, s: Session) -> Verdict 
         env=req.env,
     )
     stop_requests.reset()
+    callbacks = []
+    if req.time_budget_s is not None:  # the search's rules, counting nothing but time
+        callbacks.append(
+            StopRules(budget=2**31, time_budget_s=req.time_budget_s, parallel=len(inputs.pool.slots))
+        )
     return validate(
         s.study,
         s.study._storage,
@@ -89,6 +94,7 @@ def validate_session(req: RunRequest, inputs: RunInputs, s: Session) -> Verdict 
         rounds=req.validate_rounds,
         seed=s.settings.seed,
         sole_worker=s.sole_worker,
+        callbacks=callbacks,
     )
 
 

@@ -8,7 +8,7 @@ validation continues with the rounds it lacks, and PostgreSQL workers share them
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,7 +88,7 @@ def validate(
     rounds: int = DEFAULT_ROUNDS,
     seed: int = 0,
     sole_worker: bool = True,
-    callbacks: list[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] | None = None,
+    callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = (),
 ) -> Verdict | None:
     """Measure the ``top`` search configs and the baseline in ``rounds`` rounds; the verdict.
 
@@ -129,7 +129,7 @@ def validate(
             objective,
             n_trials=waiting,
             n_jobs=len(objective.pool.slots),
-            callbacks=[_log_round, *(callbacks or [])],
+            callbacks=[_log_round, *callbacks],
             catch=(TrialFailed,),
         )
     verdict = study_verdict(study, seed=seed)
