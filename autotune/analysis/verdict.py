@@ -83,16 +83,14 @@ def _interval(ratios: Sequence[float], seed: int) -> tuple[float, float] | None:
     import numpy as np
     from scipy.stats import bootstrap
 
+    data = (np.asarray(ratios, dtype=float),)
+    kw: dict[str, Any] = {"confidence_level": CONFIDENCE, "n_resamples": 9999, "method": "percentile"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy warns of degenerate resamples at 2-3 rounds
-        res = bootstrap(
-            (np.asarray(ratios, dtype=float),),
-            np.median,
-            confidence_level=CONFIDENCE,
-            n_resamples=9999,
-            method="percentile",
-            rng=np.random.default_rng(seed),
-        )
+        try:
+            res = bootstrap(data, np.median, rng=np.random.default_rng(seed), **kw)
+        except TypeError:  # scipy before 1.15 names it random_state
+            res = bootstrap(data, np.median, random_state=np.random.default_rng(seed), **kw)
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
     return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
 
