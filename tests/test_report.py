@@ -187,3 +187,20 @@ def test_the_best_config_as_a_serve_command_and_in_words_when_nothing_beat_the_d
     flat = render_report(study, importance_kwargs=FAST)
     headline = re.search(r"<p><b>(.*?)</b></p>", flat)
     assert headline and "Nothing beat vLLM&#x27;s defaults: the best is the baseline itself" in headline[1]
+
+
+def test_a_validated_study_shows_its_rounds_and_verdict(tmp_path):
+    """The committed H200 study with its validation rounds (2026-12-04): the verdict, the table
+    of speedups with intervals, and a plot of every round."""
+    db = (
+        Path(__file__).resolve().parent.parent
+        / "benchmarks/results/h200-2026-12-04-validation/h200-llama2-7b.db"
+    )
+    copy = tmp_path / "v.db"
+    shutil.copy(db, copy)
+    study = optuna.load_study(study_name="h200-llama2-7b", storage=f"sqlite:///{copy}")
+    text = render_report(study, importance_kwargs=FAST)
+    section = text[text.index('<section id="validation">') : text.index('<section id="importance">')]
+    assert "trial #18 is faster than vLLM&#x27;s defaults: x1.214 (95 % CI 1.209-1.221)" in section
+    assert "#18 (winner)" in section and "1.209–1.221" in section
+    assert len(_IMG.findall(section)) == 1  # the rounds, beside the defaults'

@@ -304,7 +304,7 @@ def gpu_figure(rows: Sequence[TrialRow]) -> str | None:
     )
 
 
-def validation_figure(validation: dict[str, Any]) -> str | None:
+def validation_figure(validation: dict[str, Any], objective: str) -> str | None:
     """Each validated config's value in each round beside vLLM's defaults' in the same round."""
     from matplotlib.ticker import MaxNLocator
 
@@ -317,12 +317,15 @@ def validation_figure(validation: dict[str, Any]) -> str | None:
     rounds = list(range(1, len(base) + 1))
     ax.plot(rounds, [b if b is not None else math.nan for b in base], color=_BASELINE_COLOR, marker="*",
             markersize=12, ls="--", label="vLLM defaults", zorder=4)  # fmt: skip
-    for c in candidates:
+    # matplotlib's default colours without the defaults' orange
+    colors = ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
+    for i, c in enumerate(candidates):
         values = [v if v is not None else math.nan for v in c.get("values") or []]
         winner = c["trial"] == validation.get("winner")
-        ax.plot(rounds[: len(values)], values, marker="o", lw=2.5 if winner else 1.2,
+        ax.plot(rounds[: len(values)], values, marker="o", lw=2.5 if winner else 1.2, color=colors[i % 8],
                 label=f"config of trial #{c['trial']}" + (" (the winner)" if winner else ""))  # fmt: skip
     ax.set_xlabel("validation round")
+    ax.set_ylabel(_mt(objective))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     _legend_outside(ax, fontsize=9)

@@ -55,6 +55,8 @@ def _headline(doc: dict[str, Any], objective: str) -> str:
     best, base = doc["best"], doc["baseline"]
     if best is None:
         return "No trial has completed yet."
+    if doc.get("validation") is not None:
+        return f"Validated: {doc['validation']['verdict']}."
     if base is not None and best["trial"] == base["trial"]:
         return (
             f"Nothing beat vLLM's defaults: the best is the baseline itself (trial #{base['trial']}, "
@@ -63,7 +65,8 @@ def _headline(doc: dict[str, Any], objective: str) -> str:
     headline = f"Best: trial #{best['trial']}, {fmt_value(best['value'])} {objective}"
     if best["speedup_over_baseline"] is not None and base is not None:
         headline += (
-            f" — ×{best['speedup_over_baseline']:.3f} over vLLM's defaults ({fmt_value(base['value'])})"
+            f" — ×{best['speedup_over_baseline']:.3f} over vLLM's defaults ({fmt_value(base['value'])}; "
+            "one measurement each, not validated)"
         )
     return headline
 
@@ -105,7 +108,7 @@ def _gpu_section(rows: list[TrialRow], platform: str | None) -> str:
     return f'<p class="note">No GPU telemetry: {why}</p>'
 
 
-def _validation_section(v: dict[str, Any] | None) -> str:
+def _validation_section(v: dict[str, Any] | None, objective: str) -> str:
     if v is None:
         return (
             '<p class="warn">Not validated: every speedup on this page is one measurement of each '
@@ -129,7 +132,7 @@ def _validation_section(v: dict[str, Any] | None) -> str:
         "<table><thead><tr><th>config of</th><th>speedup (median)</th><th>95 % CI</th>"
         f"<th>each round (× defaults)</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
-    figure = validation_figure(v) or ""
+    figure = validation_figure(v, objective) or ""
     return (
         f"<p><b>{html.escape(v['verdict'])}</b></p><p>{v['rounds']} round(s).{html.escape(noise)}</p>"
         f"{figure}{table}"
@@ -182,7 +185,11 @@ def render_report(
     )
     sections = [
         ("history", "Optimisation history", history_figure(rows, objective, infeasible)),
-        ("validation", "Validation: is the winner real?", _validation_section(doc.get("validation"))),
+        (
+            "validation",
+            "Validation: is the winner real?",
+            _validation_section(doc.get("validation"), objective),
+        ),
         ("importance", "Parameter importance", importance_html(importance, error)),
         (
             "scatter",
