@@ -5,6 +5,7 @@ rounds' both measure through here."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from autotune.study.settings import StudySettings
 from autotune.trial.record import Outcome, TrialRecord, mark
 from autotune.trial.runner import run_trial
 from autotune.trial.spec import TrialSpec
-from autotune.tuning.placement import Slot
+from autotune.tuning.placement import Slot, SlotPool
 
 
 class TrialFailed(Exception):
@@ -90,6 +91,38 @@ def value_of(result: TrialRecord, objective: str) -> float:
     if result.outcome in (Outcome.OOM, Outcome.INVALID):
         raise optuna.TrialPruned(f"{result.error_type}: {result.error}")
     raise TrialFailed(f"{result.error_type}: {result.error} (log: {result.log})")
+
+
+@dataclass(kw_only=True)
+class Measuring:
+    """What every objective needs to measure a config: the study's settings, where trials keep
+    their directories, the timeout, the GPU slots, the workload's file, the environment, and who
+    is told of each trial's phases."""
+
+    settings: StudySettings
+    study_dir: Path
+    timeout_s: float
+    pool: SlotPool = field(default_factory=lambda: SlotPool([Slot(0, ())]))
+    requests_file: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    #: told ``(trial number, phase)`` as a running trial's worker enters each phase, and
+    #: ``(trial number, None)`` once its process is gone
+    on_phase: Callable[[int, str | None], None] | None = None
+
+    def measure(
+        self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot
+    ) -> TrialRecord:
+        """Run ``engine_kwargs`` for ``trial`` in ``slot`` (see :func:`measure`)."""
+        spec = trial_spec(
+            self.settings,
+            engine_kwargs,
+            trial_dir,
+            slot,
+            timeout_s=self.timeout_s,
+            requests_file=self.requests_file,
+            env=self.env,
+        )
+        return measure(trial, spec, self.on_phase)
 
 
 def start(trial: optuna.Trial, trial_dir: Path, engine_kwargs: dict[str, Any]) -> None:

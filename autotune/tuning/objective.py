@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,12 @@ from autotune.space.constraints import violations
 from autotune.space.spec import SearchSpace
 from autotune.study.budget import over_budget
 from autotune.study.recovery import queue_back, queue_retry
-from autotune.study.settings import StudySettings
 from autotune.study.trials import find_duplicate
 from autotune.trial.outcome import engine_start_s
 from autotune.trial.record import Outcome, Role, TrialRecord, mark
 from autotune.trial.runner import write_skipped
-from autotune.tuning.measure import TrialFailed, measure, record_slot, start, trial_spec, value_of
-from autotune.tuning.placement import Slot, SlotPool
+from autotune.tuning.measure import Measuring, TrialFailed, record_slot, start, value_of
+from autotune.tuning.placement import Slot
 
 _logger = get_logger(__name__)
 
@@ -38,21 +36,12 @@ class OverBudget(TrialFailed):
     """Another worker used the study's last trial first; this one is recorded, uncounted, unrun."""
 
 
-@dataclass
-class Objective:
+@dataclass(kw_only=True)
+class Objective(Measuring):
     """Callable for ``study.optimize``; one call runs one trial end to end."""
 
-    settings: StudySettings
     space: SearchSpace
-    study_dir: Path
-    timeout_s: float
-    pool: SlotPool = field(default_factory=lambda: SlotPool([Slot(0, ())]))
-    requests_file: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
     budget: int | None = None
-    #: told ``(trial number, phase)`` as a running trial's worker enters each phase, and
-    #: ``(trial number, None)`` once its process is gone
-    on_phase: Callable[[int, str | None], None] | None = None
     # set once a trial of this run got its engine up: vLLM's compile and CUDA-graph caches exist
     _warm: bool = field(default=False, init=False, repr=False)
     _cold_retries: int = field(default=0, init=False, repr=False)
@@ -137,16 +126,7 @@ class Objective:
         queue_retry(trial.study, trial, COLD_RETRY_REASON)
 
     def _run(self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
-        spec = trial_spec(
-            self.settings,
-            engine_kwargs,
-            trial_dir,
-            slot,
-            timeout_s=self.timeout_s,
-            requests_file=self.requests_file,
-            env=self.env,
-        )
-        result = measure(trial, spec, self.on_phase)
+        result = self.measure(trial, engine_kwargs, trial_dir, slot)
         self._retry_cold(trial, result)
         if "warmup" in result.phases_s:
             self._warm = True

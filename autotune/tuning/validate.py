@@ -9,8 +9,7 @@ validation continues with the rounds it lacks, and PostgreSQL workers share them
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import optuna
 
@@ -18,12 +17,10 @@ from autotune._logging import get_logger
 from autotune.analysis.verdict import Verdict, study_verdict
 from autotune.errors import StudyError
 from autotune.study.recovery import fail_interrupted, fail_stale, requeue_interrupted
-from autotune.study.settings import StudySettings
 from autotune.study.trials import baseline_trial
 from autotune.study.validation import measurements, open_validation, plan_rounds, queue_rounds, top_configs
 from autotune.trial.record import Outcome, Role, TrialRecord, mark
-from autotune.tuning.measure import TrialFailed, measure, record_slot, start, trial_spec, value_of
-from autotune.tuning.placement import Slot, SlotPool
+from autotune.tuning.measure import Measuring, TrialFailed, record_slot, start, value_of
 
 _logger = get_logger(__name__)
 DEFAULT_TOP = 3
@@ -34,18 +31,11 @@ class NothingQueued(TrialFailed):
     """Every validation slot is measured or taken by another worker; this trial runs nothing."""
 
 
-@dataclass
-class ValidationObjective:
+@dataclass(kw_only=True)
+class ValidationObjective(Measuring):
     """Callable for the validation study's ``optimize``: one call measures one queued slot."""
 
     search: optuna.Study
-    settings: StudySettings
-    study_dir: Path
-    timeout_s: float
-    pool: SlotPool = field(default_factory=lambda: SlotPool([Slot(0, ())]))
-    requests_file: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    on_phase: Callable[[int, str | None], None] | None = None
 
     def __call__(self, trial: optuna.Trial) -> float:
         record = TrialRecord.of(trial)
@@ -58,16 +48,7 @@ class ValidationObjective:
         start(trial, trial_dir, engine_kwargs)
         with self.pool.take() as slot:
             record_slot(trial, slot)
-            spec = trial_spec(
-                self.settings,
-                engine_kwargs,
-                trial_dir,
-                slot,
-                timeout_s=self.timeout_s,
-                requests_file=self.requests_file,
-                env=self.env,
-            )
-            return value_of(measure(trial, spec, self.on_phase), self.settings.objective)
+            return value_of(self.measure(trial, engine_kwargs, trial_dir, slot), self.settings.objective)
 
 
 def _log_round(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
