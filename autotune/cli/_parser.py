@@ -119,6 +119,21 @@ def _validate_args(p: argparse.ArgumentParser, *, top: int, rounds: int, prefix:
     )
 
 
+def _gpu_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpus",
+        metavar="IDS",
+        help="GPUs to use (nvidia-smi indices, e.g. 0,1,2,3 or 0-7); default: all visible",
+    )
+    p.add_argument(
+        "--gpus-per-trial",
+        type=_positive_int,
+        metavar="N",
+        help="GPUs of one trial (bounds tensor_parallel_size); the GPUs run len(gpus)/N trials "
+        "at a time (default: all of them, one trial at a time)",
+    )
+
+
 def _command(
     sub: argparse._SubParsersAction,  # type: ignore[type-arg]
     name: str,
@@ -171,18 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _study_args(run, writes=True)
     _run_args(run)
-    run.add_argument(
-        "--gpus",
-        metavar="IDS",
-        help="GPUs to use (nvidia-smi indices, e.g. 0,1,2,3 or 0-7); default: all visible",
-    )
-    run.add_argument(
-        "--gpus-per-trial",
-        type=_positive_int,
-        metavar="N",
-        help="GPUs of one trial (bounds tensor_parallel_size); the GPUs run len(gpus)/N trials "
-        "at a time (default: all of them, one trial at a time)",
-    )
+    _gpu_args(run)
     run.add_argument(
         "--heartbeat",
         type=_positive_int,
@@ -275,10 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("--no-bar", action="store_true", help="log lines only")
     validate.add_argument("--json", action="store_true", help="end with the summary as JSON")
-    validate.add_argument("--gpus", metavar="IDS", help="GPUs to use (as for run)")
-    validate.add_argument(
-        "--gpus-per-trial", type=_positive_int, metavar="N", help="GPUs of one trial (as for run)"
-    )
+    _gpu_args(validate)
     validate.set_defaults(func=_commands.cmd_validate)
 
     demo = _command(

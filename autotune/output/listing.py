@@ -6,7 +6,7 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autotune._logging import get_logger
 from autotune.analysis.verdict import study_verdict
@@ -40,8 +40,21 @@ class StudySummary:
     best_trial: int | None = None
     baseline_value: float | None = None
     speedup: float | None = None
-    #: the validated verdict in a few words: "x1.18 [1.15-1.21]", "keep defaults", "not validated"
-    validated: str = "not validated"
+    #: the verdict of its validation rounds (:meth:`~autotune.analysis.verdict.Verdict.to_dict`)
+    validation: dict[str, Any] | None = None
+
+    @property
+    def validated(self) -> str:
+        """The verdict in a few words: "x1.180 [1.15-1.21] (#5)", "keep defaults", "not validated"."""
+        v = self.validation
+        if v is None:
+            return "not validated" if self.autotune else "-"
+        best = next((c for c in v["candidates"] if c["trial"] == v["winner"]), None)
+        if best is None or best["median"] is None:
+            return "keep defaults"
+        ci = f" [{best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}]" if best["ci95"] else ""
+        return f"x{best['median']:.3f}{ci} (#{best['trial']})"
+
     vllm: str = ""
     started: str | None = None
     autotune: bool = True
@@ -70,22 +83,16 @@ def summarize_study(study: optuna.Study, storage: str) -> StudySummary:
         best_trial=best.number if best is not None else None,
         baseline_value=base_value,
         speedup=ratio(best.value, base_value) if best is not None else None,
-        validated=_validated(study) if settings else "-",
+        validation=_validation(study) if settings else None,
         vllm=f"{settings.get('distribution', '')} {settings.get('vllm_version', '')}".strip(),
         started=min(starts).isoformat(timespec="seconds") if starts else None,
         autotune=bool(settings),
     )
 
 
-def _validated(study: optuna.Study) -> str:
+def _validation(study: optuna.Study) -> dict[str, Any] | None:
     verdict = study_verdict(study)
-    if verdict is None:
-        return "not validated"
-    best = verdict.winning
-    if best is None or best.median is None:
-        return "keep defaults"
-    ci = f" [{best.ci95[0]:.2f}-{best.ci95[1]:.2f}]" if best.ci95 else ""
-    return f"x{best.median:.3f}{ci} (#{best.trial})"
+    return verdict.to_dict() if verdict is not None else None
 
 
 def is_optuna_sqlite(path: Path) -> bool:

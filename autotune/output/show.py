@@ -6,7 +6,6 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from autotune.analysis.records import trial_rows
-from autotune.analysis.verdict import study_verdict
 from autotune.output.listing import summarize_study
 from autotune.output.text import fmt, indent, table
 from autotune.study.settings import raw_settings
@@ -85,14 +84,9 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
         else {"trial": best.number, "value": best.value, "speedup_over_baseline": best.speedup},
         "baseline": None if base_row is None else {"trial": base_row.number, "value": base_row.value},
         "best_vs_baseline": comparison,
-        "validation": _validation(study),
+        "validation": summary.validation,  # its rounds judged once, for ls and show alike
         "trials": [dataclasses.asdict(r) for r in rows],
     }
-
-
-def _validation(study: optuna.Study) -> dict[str, Any] | None:
-    verdict = study_verdict(study)
-    return verdict.to_dict() if verdict is not None else None
 
 
 def _validation_lines(v: dict[str, Any] | None) -> list[str]:

@@ -4,6 +4,7 @@ rounds' both measure through here."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,17 +70,7 @@ def measure(
             on_phase(trial.number, None)
     # recorded before anything else: a trial another worker failed meanwhile (a stale heartbeat,
     # queued again there) raises here; trial_dir, engine_kwargs and gpus are stored already
-    TrialRecord(
-        outcome=result.outcome,
-        metrics=result.metrics,
-        error_type=result.error_type,
-        error=result.error,
-        telemetry=result.telemetry,
-        engine=result.engine,
-        wall_s=result.wall_s,
-        phases_s=result.phases_s,
-        log=result.log,
-    ).write(trial)
+    dataclasses.replace(result, trial_dir=None, engine_kwargs=None, gpus=()).write(trial)
     return result
 
 

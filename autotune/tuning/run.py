@@ -69,17 +69,21 @@ def _previous(study: optuna.Study) -> dict[str, Any]:
     return verdict.to_dict() if verdict is not None else {"status": "not validated"}
 
 
+def _measuring(req: RunRequest, inputs: RunInputs, s: Session) -> dict[str, Any]:
+    """The :class:`~autotune.tuning.measure.Measuring` fields of this run's objectives."""
+    return {
+        "settings": s.settings,
+        "study_dir": s.study_dir,
+        "timeout_s": req.trial_timeout_s,
+        "pool": inputs.pool,
+        "requests_file": s.requests_file,
+        "env": req.env,
+    }
+
+
 def validate_session(req: RunRequest, inputs: RunInputs, s: Session) -> Verdict | None:
     """The validation rounds of an open study (see :mod:`autotune.tuning.validate`)."""
-    objective = ValidationObjective(
-        search=s.study,
-        settings=s.settings,
-        study_dir=s.study_dir,
-        timeout_s=req.trial_timeout_s,
-        pool=inputs.pool,
-        requests_file=s.requests_file,
-        env=req.env,
-    )
+    objective = ValidationObjective(search=s.study, **_measuring(req, inputs, s))
     stop_requests.reset()
     callbacks = []
     if req.time_budget_s is not None:  # the search's rules, counting nothing but time
@@ -178,15 +182,7 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> bool:
         parallel=len(slots),
     )
     objective = Objective(
-        settings=s.settings,
-        space=s.space,
-        study_dir=s.study_dir,
-        timeout_s=req.trial_timeout_s,
-        pool=inputs.pool,
-        requests_file=s.requests_file,
-        env=req.env,
-        budget=s.total,
-        on_phase=progress.phase,
+        space=s.space, budget=s.total, on_phase=progress.phase, **_measuring(req, inputs, s)
     )
     if len(slots) > 1:
         _logger.info("%d trials at a time, on GPUs %s", len(slots), " | ".join(sl.describe() for sl in slots))

@@ -64,14 +64,17 @@ class Session:
     requests_file: str | None
 
 
-def _storage(req: RunRequest, inputs: RunInputs) -> tuple[optuna.storages.BaseStorage, int]:
-    """The storage, opened with the heartbeat interval the study was created with."""
+def _storage(
+    req: RunRequest, inputs: RunInputs
+) -> tuple[optuna.storages.BaseStorage, int, optuna.Study | None]:
+    """The storage, opened with the heartbeat interval the study was created with, and the
+    study as it stands (None: it does not exist yet)."""
     heartbeat_s = req.heartbeat_s or DEFAULT_HEARTBEAT_S
     storage = open_storage(inputs.url, heartbeat_s=heartbeat_s, on_stale=retry_stale)
     existing = load_existing(inputs.name, storage)
     stored = stored_heartbeat(existing) if existing is not None else None
     if stored is None or stored == heartbeat_s:
-        return storage, heartbeat_s
+        return storage, heartbeat_s, existing
     # every worker must judge staleness alike, or one fails another's live trials
     if req.heartbeat_s is not None:
         _logger.warning(
@@ -80,7 +83,8 @@ def _storage(req: RunRequest, inputs: RunInputs) -> tuple[optuna.storages.BaseSt
             stored,
             req.heartbeat_s,
         )
-    return open_storage(inputs.url, heartbeat_s=stored, on_stale=retry_stale), stored
+    storage = open_storage(inputs.url, heartbeat_s=stored, on_stale=retry_stale)
+    return storage, stored, load_existing(inputs.name, storage)
 
 
 def _new_settings(req: RunRequest, inputs: RunInputs, space: SearchSpace) -> StudySettings:
@@ -126,8 +130,7 @@ def _resumed_space(req: RunRequest, inputs: RunInputs, stored: StudySettings) ->
 
 def open_session(req: RunRequest, inputs: RunInputs) -> Session:
     """Create or resume the study, recover what an earlier run left cut off, set the budget."""
-    storage, heartbeat_s = _storage(req, inputs)
-    existing = load_existing(inputs.name, storage)
+    storage, heartbeat_s, existing = _storage(req, inputs)
     settings: StudySettings | None = None
     if existing is None:
         space = inputs.space or load_space_for(req.space, inputs.engine, inputs.pool, req.fixed, inputs.model)
