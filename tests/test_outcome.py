@@ -67,6 +67,19 @@ def test_success_needs_result_and_clean_exit():
     assert classify(returncode=1, timed_out=False, events=events, stderr_tail="")[0] is Outcome.CRASH
 
 
+
+def test_a_death_while_the_engine_shuts_down_keeps_the_reported_measurement():
+    events = [
+        {"event": "phase", "phase": "shutdown"},
+        {"event": "result", "metrics": {"output_tokens_per_s": 10.0}},
+    ]
+    outcome, _, _, metrics = classify(returncode=-6, timed_out=False, events=events, stderr_tail="")
+    assert outcome is Outcome.SUCCESS
+    assert metrics == {"output_tokens_per_s": 10.0, "exit_after_result": -6}
+    timed_out = classify(returncode=-9, timed_out=True, events=events, stderr_tail="")
+    assert timed_out[0] is Outcome.TIMEOUT
+
+
 def test_invalid_config():
     events = [{"event": "error", "error_type": "invalid_config", "error": INVALID}]
     outcome, error_type, error, _ = classify(

@@ -3,10 +3,11 @@ engine args it ran with, vLLM's resolved defaults filled in where it searched no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.analysis.quality import quality_of
 from autotune.study.settings import raw_settings
 from autotune.study.trials import baseline_trial, ratio
 from autotune.trial.record import Outcome, Role, TrialRecord
@@ -66,6 +67,8 @@ class TrialRow:
     error: str | None = None
     log: str | None = None
     gpu_util_pct: float | None = None
+    #: its quality statement (:func:`autotune.analysis.quality.quality_of`)
+    quality: dict[str, Any] = field(default_factory=dict)
 
     @property
     def log_exists(self) -> bool:
@@ -104,6 +107,8 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
     defaults = baseline_engine(study)
     base_value = base.value if base is not None else None
     names = searched_names(study)
+    settings = raw_settings(study)
+    budget, fixed = settings.get("quality_budget"), (settings.get("space") or {}).get("fixed") or {}
     trials = study.get_trials(deepcopy=False)
     records = [TrialRecord.of(t) for t in trials]
     retried_by = {r.retry_of: t for t, r in zip(trials, records, strict=True) if r.retry_of is not None}
@@ -133,6 +138,7 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
                 error=error,
                 log=_log_path(record),
                 gpu_util_pct=float(util) if isinstance(util, (int, float)) else None,
+                quality=quality_of(record, budget, fixed),
             )
         )
     return rows

@@ -32,6 +32,8 @@ def _run_request(args: argparse.Namespace, **given: Any) -> Any:
         show_bar=not args.no_bar and sys.stderr.isatty(),
         validate_top=args.validate_top,
         validate_rounds=args.validate_rounds,
+        quality_budget=args.quality_budget,
+        quality_check=not args.no_quality_check,
         **given,
     )
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from autotune.cli import _commands
+from autotune.study.settings import DEFAULT_QUALITY_BUDGET
 
 WORKLOAD_HELP = (
     "prompts to benchmark: synthetic:count=N,input_len=N,output_len=N[,prefix_len=N][,seed=N] "
@@ -92,6 +93,21 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         type=_positive_float,
         metavar="SEC",
         help="start no trial that would likely end after SEC seconds of this run",
+    )
+    quality = p.add_mutually_exclusive_group()
+    quality.add_argument(
+        "--quality-budget",
+        type=_positive_float,
+        metavar="KL",
+        help="the most a config's outputs may drift from vLLM's defaults' and still win: mean KL "
+        "divergence of the next-token distributions on a probe of your own prompts, in nats per "
+        f"token (a new study: {DEFAULT_QUALITY_BUDGET:g}); a config over it is pruned",
+    )
+    quality.add_argument(
+        "--no-quality-check",
+        action="store_true",
+        help="rank by speed alone (for dummy weights, where any quality measure is meaningless); "
+        "lossy configs (fp8 weights or KV cache) may then win, and every output says so",
     )
     p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study (default 0)")
     p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")

@@ -82,6 +82,7 @@ def build_export(
         StudyError: no trial of the study completed.
     """
     from autotune.analysis.importance import importance_section
+    from autotune.analysis.quality import quality_of
     from autotune.analysis.verdict import study_verdict
 
     settings = stored_settings(study)
@@ -118,6 +119,8 @@ def build_export(
         },
         "speedup_over_baseline": _speedup(best, base, verdict),
         "validation": _validation(verdict),
+        # what the winner does to the model's outputs: measured against the baseline, or named
+        "quality": quality_of(record, settings.quality_budget, settings.fixed),
         "model": settings.model,
         "workload": settings.workload,
         "search_space": settings.space,

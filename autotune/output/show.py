@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from autotune.analysis.quality import quality_text
 from autotune.analysis.records import trial_rows
 from autotune.output.listing import summarize_study
 from autotune.output.text import fmt, indent, table
@@ -84,6 +85,7 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
         else {"trial": best.number, "value": best.value, "speedup_over_baseline": best.speedup},
         "baseline": None if base_row is None else {"trial": base_row.number, "value": base_row.value},
         "best_vs_baseline": comparison,
+        "quality_budget": settings.get("quality_budget"),
         "validation": summary.validation,  # its rounds judged once, for ls and show alike
         "trials": [dataclasses.asdict(r) for r in rows],
     }
@@ -112,6 +114,19 @@ def _validation_lines(v: dict[str, Any] | None) -> list[str]:
     if rows:
         lines.append(indent(table(["config of", "speedup", "95 % CI", "each round (x defaults)"], rows)))
     return lines
+
+
+def _quality_line(budget: float | None) -> str:
+    if budget is None:
+        return (
+            "Quality: NOT CHECKED (--no-quality-check or dummy weights): configs are ranked by speed "
+            "alone; a lossy one (fp8 weights or KV cache) is named in the quality column."
+        )
+    return (
+        f"Quality: each config's outputs compared with vLLM's defaults' on a probe of the workload's "
+        f"prompts; over {budget:g} nats of mean KL per token is pruned (KL: mean KL divergence of "
+        "the next-token distributions; top-1: share of positions with the same most likely token)."
+    )
 
 
 def _short(text: str | None, n: int = 90) -> str:
@@ -166,6 +181,7 @@ def format_show(doc: dict[str, Any]) -> str:
                 for c in doc["best_vs_baseline"]
             ]
             lines.append(indent(table(["parameter", "vLLM default", "best", "changed"], rows)))
+    lines += ["", _quality_line(doc.get("quality_budget"))]
     lines += ["", *_validation_lines(doc.get("validation"))]
     lines += ["", "Trials"]
     rows = []
@@ -181,10 +197,13 @@ def format_show(doc: dict[str, Any]) -> str:
                 fmt(r["value"]),
                 f"x{r['speedup']:.3f}" if r["speedup"] is not None else "",
                 f"{r['wall_s']:.0f}s" if isinstance(r["wall_s"], (int, float)) else "",
+                quality_text(r["quality"]) if r.get("quality") else "",
                 note,
             ]
         )
     lines.append(
-        indent(table(["#", "state", "outcome", "value", "x base", "wall", "note"], rows, {0, 3, 4, 5}))
+        indent(
+            table(["#", "state", "outcome", "value", "x base", "wall", "quality", "note"], rows, {0, 3, 4, 5})
+        )
     )
     return "\n".join(lines)

@@ -142,3 +142,13 @@ def bound_by_context(space: SearchSpace, max_model_len: int | None) -> tuple[Sea
             p = dataclasses.replace(p, high=bound)
         params.append(p)
     return dataclasses.replace(space, parameters=tuple(params)), notes
+
+
+def drop_requantization(space: SearchSpace, method: str | None) -> tuple[SearchSpace, list[str]]:
+    """The space without ``quantization`` for a checkpoint quantized already (``method``): vLLM
+    reads such weights as they are, and a second quantization is not a choice to search."""
+    if method is None or not any(p.name == "quantization" for p in space.parameters):
+        return space, []
+    params = tuple(p for p in space.parameters if p.name != "quantization")
+    note = f"quantization: not searched, the checkpoint's weights are quantized already ({method})"
+    return dataclasses.replace(space, parameters=params), [note]

@@ -80,12 +80,13 @@ class EngineInfo:
 
 
 def _cache_path(dist: str, version: str) -> Path:
-    """Per installation and GPU model: vLLM's batch defaults depend on the GPU's memory."""
+    """Per installation and GPU model (vLLM's batch defaults depend on the GPU's memory), and per
+    version of what the describe worker reports (the last number)."""
     from autotune.trial.telemetry import gpu_names, visible_device_ids
 
     root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-autotune"
     gpus = ",".join(sorted(set(gpu_names(visible_device_ids()))))
-    key = hashlib.sha256(f"{sys.executable}|{dist}|{version}|{gpus}|2".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{sys.executable}|{dist}|{version}|{gpus}|3".encode()).hexdigest()[:12]
     return root / f"engine-{dist}-{version}-{key}.json"
 
 

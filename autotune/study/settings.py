@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 OBJECTIVES = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s")
 DEFAULT_WORKLOAD = "synthetic:count=1000,input_len=256,output_len=256"
 DEFAULT_TRIALS = 30
+#: the largest mean KL divergence (nats per token) from the baseline's next-token distributions
+#: that a config may show and still win (see autotune.trial.probe; chosen from measurements in
+#: benchmarks/results/quality/)
+DEFAULT_QUALITY_BUDGET = 0.01
 
 SETTINGS_ATTR = "autotune"
 BUDGET_ATTR = "autotune_budget"
@@ -39,6 +43,9 @@ class StudySettings:
     distribution: str = ""
     platform: str = ""
     gpus: list[str] = field(default_factory=list)
+    #: the quality guard's budget (mean KL, nats); None: the guard is off (a study from before
+    #: it existed, or ``--no-quality-check``)
+    quality_budget: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

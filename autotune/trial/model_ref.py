@@ -45,17 +45,30 @@ _LENGTH_KEYS = (
 )
 
 
+def _config(model: str) -> dict | None:
+    import json
+
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def quantization_method(model: str) -> str | None:
+    """How a local checkpoint's weights are quantized already (``fp8``, ``awq``, ...); None for
+    full-precision weights, a hub id or an unreadable config."""
+    qc = (_config(model) or {}).get("quantization_config")
+    if not isinstance(qc, dict):
+        return None
+    return str(qc.get("quant_method") or "quantized")
+
+
 def context_length(model: str) -> int | None:
     """The longest context a local checkpoint declares (what vLLM's ``max_model_len`` defaults
     to); None for a hub id, an unreadable config, or one whose rope scaling stretches it."""
-    import json
-
-    path = Path(model) / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict) or config.get("rope_scaling"):
+    config = _config(model)
+    if config is None or config.get("rope_scaling"):
         return None
     found = [
         v for k in _LENGTH_KEYS if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0

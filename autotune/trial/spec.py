@@ -23,6 +23,9 @@ class TrialSpec:
     timeout_s: float = 1200.0
     env: dict[str, str] = field(default_factory=dict)
     device_ids: list[int] = field(default_factory=list)
+    #: the quality probe's settings (see :mod:`autotune.trial.probe`): None runs no probe;
+    #: ``{"reference": PATH}`` scores the sequences of that ``probe.json``
+    probe: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -3,7 +3,8 @@
 This is the only module that imports vLLM. It runs in its own process (and process session),
 started by :mod:`autotune.trial.runner`, and reports through :mod:`autotune.trial.protocol` on stdout:
 validate the config with vLLM's own checks, start ``LLM(**engine_kwargs)``, warm up, time one
-``generate()`` over the whole workload, report the metrics, shut the engine down.
+``generate()`` over the whole workload, score the quality probe (untimed), report the metrics,
+shut the engine down.
 
 ``python -m autotune.trial.worker --describe`` prints the installed vLLM's engine arguments instead.
 """
@@ -19,9 +20,11 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from autotune.atomic import write_json_atomic
 from autotune.trial import protocol
+from autotune.trial.probe import DEFAULT_PROBE, PROBE_FILE, read_probe
+from autotune.trial.requests import build_requests, fit_requests
 from autotune.trial.spec import DEFAULT_SAMPLING
-from autotune.trial.workload import DEFAULT_OUTPUT_LEN
 
 _SCALARS = {bool: "bool", int: "int", float: "float", str: "str"}
 
@@ -97,6 +100,8 @@ def describe() -> dict[str, Any]:
             "choices": [_jsonable(c) for c in action.choices] if action and action.choices else None,
             "nargs": action.nargs if action else None,
         }
+    if "attention_backend" in args:  # an enum argparse lists no choices for: its members' names
+        args["attention_backend"]["choices"] = _attention_backends()
     dist, _ = installed_distribution()
     return {
         "vllm_version": vllm.__version__,
@@ -105,6 +110,19 @@ def describe() -> dict[str, Any]:
         "args": args,
         "defaults": _platform_defaults(EngineArgs),
     }
+
+
+def _attention_backends() -> list[str] | None:
+    """The attention backends the installed vLLM knows (which ones run on this machine, model and
+    config is decided at engine start: one that cannot is an invalid config, pruned)."""
+    import importlib
+
+    for module in ("vllm.v1.attention.backends.registry", "vllm.attention.backends.registry"):
+        try:
+            return [m.name for m in importlib.import_module(module).AttentionBackendEnum]
+        except (ImportError, AttributeError):
+            continue
+    return None
 
 
 def _platform_defaults(engine_args: Any) -> dict[str, Any]:
@@ -159,48 +177,6 @@ def _engine_facts(llm: Any) -> dict[str, Any]:
     return facts
 
 
-def build_requests(
-    workload: dict[str, Any], records: list[dict[str, Any]], vocab_size: int, tokenizer: Any
-) -> list[tuple[Any, int]]:
-    """The workload as ``(prompt, output_len)`` pairs; synthetic prompts are generated here."""
-    import numpy as np
-
-    if workload["kind"] == "synthetic":
-        rng = np.random.default_rng(workload["seed"])
-        low = min(100, vocab_size // 10)
-        prefix = rng.integers(low, vocab_size, size=workload["prefix_len"]).tolist()
-        body = rng.integers(low, vocab_size, size=(workload["count"], workload["input_len"] - len(prefix)))
-        return [({"prompt_token_ids": prefix + row}, workload["output_len"]) for row in body.tolist()]
-    out: list[tuple[Any, int]] = []
-    for rec in records:
-        prompt: Any = rec["prompt"] if "prompt" in rec else {"prompt_token_ids": rec["prompt_token_ids"]}
-        n = rec.get("output_len")
-        if n is None and rec.get("completion") and tokenizer is not None:
-            n = len(tokenizer(rec["completion"], add_special_tokens=False).input_ids)
-        out.append((prompt, max(1, int(n or workload.get("output_len") or DEFAULT_OUTPUT_LEN))))
-    return out
-
-
-def _fit(requests: list[tuple[Any, int]], tokenizer: Any, max_model_len: int) -> list[tuple[Any, int]]:
-    """Keep every request within ``max_model_len`` by shortening its output, as a server would
-    (the parent says how many were shortened: ``requested_output_tokens`` in the metrics)."""
-    fitted = []
-    for prompt, n in requests:
-        if isinstance(prompt, dict):
-            plen = len(prompt["prompt_token_ids"])
-        elif tokenizer is not None:
-            plen = len(tokenizer(prompt).input_ids)
-        else:
-            plen = 0
-        if plen >= max_model_len:
-            raise ValueError(
-                f"a workload prompt has {plen} tokens, not below max_model_len ({max_model_len}); "
-                "raise max_model_len (fixed: in the space) or use shorter prompts"
-            )
-        fitted.append((prompt, min(n, max_model_len - plen)))
-    return fitted
-
-
 def _requests(
     spec: dict[str, Any], llm: Any, tokenizer: Any, max_model_len: int
 ) -> tuple[list[Any], dict[str, int]]:
@@ -211,7 +187,7 @@ def _requests(
             records = [json.loads(line) for line in fh if line.strip()]
     vocab = llm.llm_engine.model_config.get_vocab_size()
     requests = build_requests(spec["workload"], records, vocab, tokenizer)
-    fitted = _fit(requests, tokenizer, max_model_len)
+    fitted = fit_requests(requests, tokenizer, max_model_len)
     shortened = sum(1 for (_, a), (_, b) in zip(requests, fitted, strict=True) if b < a)
     return fitted, {
         "requested_output_tokens": sum(n for _, n in requests),
@@ -251,7 +227,6 @@ def _measure(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any
     t0 = time.perf_counter()
     outputs = llm.generate([p for p, _ in requests], [params(n) for _, n in requests], use_tqdm=False)
     generate_s = time.perf_counter() - t0
-    protocol.emit("phase", phase="shutdown", t=time.time())
     prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
     output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     return {
@@ -264,6 +239,47 @@ def _measure(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
     }
+
+
+def _token_ids(prompt: Any, tokenizer: Any) -> list[int]:
+    if isinstance(prompt, dict):
+        return list(prompt["prompt_token_ids"])
+    if tokenizer is None:
+        raise ValueError("the quality probe needs token ids or a tokenizer (skip_tokenizer_init is set)")
+    return list(tokenizer(prompt).input_ids)
+
+
+def _probe(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any) -> None:
+    """Score the probe's sequences and write ``probe.json`` (see :mod:`autotune.trial.probe`).
+
+    Without a reference (the baseline) the sequences are the workload's first prompts, each
+    followed by this engine's greedy continuation; with one, the reference's sequences.
+    """
+    from vllm import SamplingParams
+
+    cfg = {**DEFAULT_PROBE, **spec["probe"]}
+    protocol.emit("phase", phase="probe", t=time.time())
+    k = min(int(cfg["logprobs"]), int(llm.llm_engine.model_config.max_logprobs))
+    if cfg.get("reference"):
+        reference = read_probe(cfg["reference"])
+        seqs = [(int(s["prompt_len"]), list(s["token_ids"])) for s in reference["sequences"]]
+        k = min(k, int(reference["logprobs"]))
+    else:
+        limit = int(cfg["max_prompt_tokens"])
+        prompts = [_token_ids(p, tokenizer)[-limit:] for p, _ in requests[: int(cfg["prompts"])]]
+        greedy = SamplingParams(temperature=0.0, max_tokens=int(cfg["tokens"]), ignore_eos=True)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+        seqs = [(len(p), p + list(o.outputs[0].token_ids)) for p, o in zip(prompts, outs, strict=True)]
+    score = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=k, detokenize=False)
+    scored = llm.generate([{"prompt_token_ids": ids} for _, ids in seqs], score, use_tqdm=False)
+    sequences = []
+    for (n, ids), out in zip(seqs, scored, strict=True):
+        top = [
+            {str(t): float(lp.logprob) for t, lp in (pos or {}).items()} for pos in out.prompt_logprobs[n:]
+        ]
+        text = tokenizer.decode(ids[n:]) if tokenizer is not None else None
+        sequences.append({"prompt_len": n, "token_ids": ids, "top": top, "text": text})
+    write_json_atomic(Path(spec["trial_dir"]) / PROBE_FILE, {"logprobs": k, "sequences": sequences})
 
 
 def run(spec: dict[str, Any]) -> int:
@@ -293,9 +309,12 @@ def run(spec: dict[str, Any]) -> int:
         tokenizer = None if kwargs.get("skip_tokenizer_init") else llm.get_tokenizer()
         requests, fit = _requests(spec, llm, tokenizer, int(facts.get("max_model_len") or 1 << 30))
         metrics = _measure(llm, requests, spec, tokenizer)
+        if spec.get("probe") is not None:  # outside the timed run
+            _probe(llm, requests, spec, tokenizer)
         metrics.update(engine_start_s=engine_start_s, kv_cache_tokens=facts.get("kv_cache_tokens"))
         metrics.update(requested_output_tokens=fit["requested_output_tokens"])
         metrics.update(shortened_requests=fit["shortened_requests"])
+        protocol.emit("phase", phase="shutdown", t=time.time())
         protocol.emit("result", metrics=metrics)
     finally:
         llm.llm_engine.engine_core.shutdown()

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from autotune._logging import get_logger
 from autotune.errors import StudyError
-from autotune.space.constraints import bound_by_context, check_feasible
+from autotune.space.constraints import bound_by_context, check_feasible, drop_requantization
 from autotune.space.engine_args import EngineInfo, describe_engine
 from autotune.space.load import load_space
 from autotune.space.spec import SearchSpace
 from autotune.study.storage import check_study_name, default_url, sqlite_path
-from autotune.trial.model_ref import check_model, context_length
+from autotune.trial.model_ref import check_model, context_length, quantization_method
 from autotune.trial.telemetry import visible_device_ids
 from autotune.trial.workload import WorkloadSpec, load_requests, parse_workload
 from autotune.tuning.placement import SlotPool, plan_slots
@@ -84,7 +84,8 @@ def load_space_for(
     can only be invalid for the model, and feasible."""
     loaded = load_space(space, engine, gpus=pool.gpus_per_trial, extra_fixed=fixed)
     loaded, notes = bound_by_context(loaded, context_length(model) if model else None)
-    for note in notes:
+    loaded, more = drop_requantization(loaded, quantization_method(model) if model else None)
+    for note in notes + more:
         _logger.info("space: %s", note)
     check_feasible(loaded, gpus=pool.gpus_per_trial)
     return loaded

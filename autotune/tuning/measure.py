@@ -12,11 +12,13 @@ from typing import Any
 
 import optuna
 
+from autotune.space.lossy import lossy_changes
 from autotune.study.recovery import queue_retry
 from autotune.study.settings import StudySettings
-from autotune.trial.record import Outcome, TrialRecord, mark
+from autotune.trial.record import INFEASIBLE, Outcome, Role, TrialRecord, mark
 from autotune.trial.runner import run_trial
 from autotune.trial.spec import TrialSpec
+from autotune.tuning import quality
 from autotune.tuning.placement import Slot, SlotPool
 
 
@@ -33,6 +35,7 @@ def trial_spec(
     timeout_s: float,
     requests_file: str | None,
     env: dict[str, str],
+    probe: dict[str, Any] | None = None,
 ) -> TrialSpec:
     return TrialSpec(
         trial_dir=trial_dir,
@@ -44,6 +47,7 @@ def trial_spec(
         timeout_s=timeout_s,
         env={**env, **slot.env},
         device_ids=list(slot.device_ids),
+        probe=probe,
     )
 
 
@@ -75,11 +79,11 @@ def measure(
 
 
 def value_of(result: TrialRecord, objective: str) -> float:
-    """The trial's value; out of memory or an invalid config prunes it (the sampler learns to
-    avoid the region), a timeout or crash fails it."""
+    """The trial's value; out of memory, an invalid config or outputs that drift beyond the quality
+    budget prune it (the sampler learns to avoid the region), a timeout or crash fails it."""
     if result.outcome is Outcome.SUCCESS:
         return float(result.metrics[objective])
-    if result.outcome in (Outcome.OOM, Outcome.INVALID):
+    if result.outcome in INFEASIBLE:
         raise optuna.TrialPruned(f"{result.error_type}: {result.error}")
     raise TrialFailed(f"{result.error_type}: {result.error} (log: {result.log})")
 
@@ -99,11 +103,16 @@ class Measuring:
     #: told ``(trial number, phase)`` as a running trial's worker enters each phase, and
     #: ``(trial number, None)`` once its process is gone
     on_phase: Callable[[int, str | None], None] | None = None
+    #: judge each trial's outputs against the baseline's (the study's quality budget; the
+    #: search does, validation rounds measure speed only)
+    quality_guard: bool = False
 
     def measure(
         self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot
     ) -> TrialRecord:
         """Run ``engine_kwargs`` for ``trial`` in ``slot`` (see :func:`measure`)."""
+        budget = self.settings.quality_budget if self.quality_guard else None
+        probe, ref = quality.plan(trial, wait_s=self.timeout_s) if budget is not None else (None, None)
         spec = trial_spec(
             self.settings,
             engine_kwargs,
@@ -112,8 +121,17 @@ class Measuring:
             timeout_s=self.timeout_s,
             requests_file=self.requests_file,
             env=self.env,
+            probe=probe,
         )
-        return measure(trial, spec, self.on_phase)
+        result = measure(trial, spec, self.on_phase)
+        if budget is None or TrialRecord.of(trial).role is Role.BASELINE:
+            return result
+        judged = quality.judge(result, ref, budget, lossy_changes(engine_kwargs, self.settings.fixed))
+        if judged != result:
+            fields = ("outcome", "error_type", "error", "quality")
+            TrialRecord(**{f: getattr(judged, f) for f in fields}).write(trial)
+            judged.write_json(trial_dir / "result.json")
+        return judged
 
 
 def start(trial: optuna.Trial, trial_dir: Path, engine_kwargs: dict[str, Any]) -> None:

@@ -42,6 +42,7 @@ class Objective(Measuring):
 
     space: SearchSpace
     budget: int | None = None
+    quality_guard: bool = True
     # set once a trial of this run got its engine up: vLLM's compile and CUDA-graph caches exist
     _warm: bool = field(default=False, init=False, repr=False)
     _cold_retries: int = field(default=0, init=False, repr=False)

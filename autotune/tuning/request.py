@@ -35,3 +35,7 @@ class RunRequest:
     validate_rounds: int = 3
     #: ``autotune validate``: no search, only the validation rounds of an existing study
     validate_only: bool = False
+    #: the quality guard: None is the study's stored budget (a new study: the default)
+    quality_budget: float | None = None
+    #: ``--no-quality-check``: a new study measures speed only (dummy weights)
+    quality_check: bool = True

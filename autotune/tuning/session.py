@@ -16,6 +16,7 @@ from autotune.atomic import write_text_atomic
 from autotune.errors import StudyError
 from autotune.space.constraints import bound_by_context
 from autotune.space.load import build_space
+from autotune.space.lossy import lossy_parameters
 from autotune.space.spec import SearchSpace
 from autotune.study.budget import counted_trials
 from autotune.study.lifecycle import create_or_resume, enqueue_config, load_existing
@@ -28,6 +29,7 @@ from autotune.study.recovery import (
 )
 from autotune.study.settings import (
     BUDGET_ATTR,
+    DEFAULT_QUALITY_BUDGET,
     DEFAULT_TRIALS,
     DEFAULT_WORKLOAD,
     HEARTBEAT_ATTR,
@@ -40,7 +42,7 @@ from autotune.study.settings import (
 from autotune.study.storage import DEFAULT_HEARTBEAT_S, open_storage
 from autotune.study.trials import baseline_failure_message, failed_baseline
 from autotune.trial.model_ref import context_length
-from autotune.trial.record import INFEASIBLE, TrialRecord
+from autotune.trial.record import CANNOT_RUN, TrialRecord
 from autotune.trial.telemetry import gpu_names
 from autotune.trial.workload import WorkloadSpec, load_requests, parse_workload
 from autotune.tuning.inputs import RunInputs, load_space_for
@@ -102,7 +104,35 @@ def _new_settings(req: RunRequest, inputs: RunInputs, space: SearchSpace) -> Stu
         distribution=engine.distribution,
         platform=engine.platform,
         gpus=gpu_names(device_ids) if engine.platform != "cpu" else [],
+        quality_budget=_quality_budget(req, space),
     )
+
+
+def _quality_budget(req: RunRequest, space: SearchSpace) -> float | None:
+    """A new study's quality budget: None (the guard off) for --no-quality-check or dummy weights,
+    said once either way when the space searches arguments that change outputs."""
+    lossy = lossy_parameters([p.name for p in space.parameters])
+    dummy = space.fixed.get("load_format") == "dummy"
+    if req.quality_check and not dummy:
+        budget = req.quality_budget if req.quality_budget is not None else DEFAULT_QUALITY_BUDGET
+        _logger.info(
+            "quality guard: a config whose outputs drift from the baseline's by more than %g nats of "
+            "mean KL per token is pruned%s",
+            budget,
+            f" (searched lossy args: {', '.join(lossy)})" if lossy else "",
+        )
+        return budget
+    why = (
+        "dummy weights (load_format=dummy) make any quality measure meaningless"
+        if dummy
+        else ("--no-quality-check")
+    )
+    _logger.warning(
+        "quality check OFF (%s): configs are ranked by speed alone%s",
+        why,
+        f"; {', '.join(lossy)} change the model's outputs and may win unmeasured" if lossy else "",
+    )
+    return None
 
 
 def _resumed_space(req: RunRequest, inputs: RunInputs, stored: StudySettings) -> SearchSpace:
@@ -164,7 +194,7 @@ def _check_baseline(study: optuna.Study) -> None:
     failed = failed_baseline(study)
     if failed is None:
         return
-    if TrialRecord.of(failed).outcome in INFEASIBLE:
+    if TrialRecord.of(failed).outcome in CANNOT_RUN:
         raise StudyError(baseline_failure_message(study, failed))
     _logger.info("the baseline (trial #%d) failed in an earlier run; it runs again first", failed.number)
     queue_retry(study, failed, "the baseline failed in an earlier run")
@@ -242,6 +272,15 @@ def _check_resume(name: str, stored: StudySettings, req: RunRequest, inputs: Run
     if req.objective is not None and req.objective != stored.objective:
         raise StudyError(
             f"study {name!r} maximises {stored.objective}; drop --objective or start a new --study"
+        )
+    if (req.quality_budget is not None and req.quality_budget != stored.quality_budget) or (
+        not req.quality_check and stored.quality_budget is not None
+    ):
+        _logger.warning(
+            "study %r keeps the quality budget it was created with (%s): trials judged already "
+            "would not compare with new ones; start a new --study to change it",
+            name,
+            "off" if stored.quality_budget is None else f"{stored.quality_budget:g} nats",
         )
     changed = {k: v for k, v in req.fixed.items() if stored.fixed.get(k) != v}
     if changed:

@@ -34,7 +34,12 @@ def format_table(report: ImportanceReport) -> str:
     lines += _model_lines(report.objective_model, "What drives the objective", "R²", "R² drop")
     lines.append("")
     feas = report.feasibility_model
-    lines += _model_lines(feas, "What makes configs infeasible", "ROC AUC", "AUC drop")
+    lines += _model_lines(
+        feas,
+        "What makes configs infeasible (OOM, invalid, over the quality budget)",
+        "ROC AUC",
+        "AUC drop",
+    )
     if feas.classes:
         lines.append("  outcomes: " + ", ".join(f"{k} {v}" for k, v in feas.classes.items()))
     lines.append("")

@@ -25,7 +25,7 @@ LOW_R2 = 0.3
 LOW_AUC = 0.7
 #: Pairs (joint permutations) are scored when at most this many parameters vary.
 MAX_PAIR_PARAMS = 16
-INFEASIBLE_OUTCOMES = ("oom", "invalid")
+INFEASIBLE_OUTCOMES = ("oom", "invalid", "quality")
 
 
 def _model(kind: str, n_estimators: int, seed: int) -> Any:
@@ -200,7 +200,8 @@ def feasibility_model(table: TrialTable, min_finished: int, **kw: Any) -> ModelI
         return ModelImportance(
             "infeasible",
             "not_applicable",
-            "no trial ran out of memory or was rejected as invalid: nothing to explain",
+            "no trial ran out of memory, was rejected as invalid or drifted past the quality budget: "
+            "nothing to explain",
             n_trials=n,
             model=name,
             classes=classes,

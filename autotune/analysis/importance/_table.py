@@ -70,7 +70,7 @@ class TrialTable:
         X: Encoded parameter values (missing ones imputed), rows x columns.
         numbers: Trial number of each row.
         value: Objective value of each row; NaN where the trial was infeasible.
-        outcome: ``success``, ``oom`` or ``invalid`` for each row.
+        outcome: ``success``, ``oom``, ``invalid`` or ``quality`` for each row.
         raw: Each row's parameter values as run (None where unknown), for plots and tables.
         imputed: Per parameter, how many rows had no known value and got the column's median/mode.
         notes: What was left out and why, in words.
@@ -114,7 +114,8 @@ def _union(values: Sequence[Any]) -> tuple[Any, ...]:
 
 
 def infeasible_kind(trial: optuna.trial.FrozenTrial) -> str | None:
-    """``oom`` or ``invalid`` when the trial shows the config cannot run; None otherwise.
+    """``oom`` or ``invalid`` when the trial shows the config cannot run, ``quality`` when its
+    outputs drifted past the quality budget; None otherwise.
 
     A crash whose stored error reads as an OOM or an invalid config under today's patterns
     (:mod:`autotune.trial.outcome`) counts as that: studies recorded before a pattern existed keep
@@ -161,7 +162,7 @@ def _feature_for(name: str, dists: list[Any], observed: list[Any]) -> Feature:
 
 
 def _usable(study: optuna.Study) -> tuple[list[tuple[optuna.trial.FrozenTrial, str]], list[str]]:
-    """The trials a model can learn from, each with ``success``/``oom``/``invalid``; and notes on
+    """The trials a model can learn from, each with ``success``/``oom``/``invalid``/``quality``; and notes on
     what was left out."""
     import optuna
 
@@ -199,7 +200,7 @@ def _usable(study: optuna.Study) -> tuple[list[tuple[optuna.trial.FrozenTrial, s
             )
         else:
             notes.append(
-                f"{n} {what} trial(s) left out of the feasibility model (not an OOM or invalid config)"
+                f"{n} {what} trial(s) left out of the feasibility model (not an OOM, invalid or lossy config)"
             )
     return rows, notes
 

@@ -132,7 +132,7 @@ def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[in
         ax,
         [r.number for r in rows if r.number in infeasible],
         _INFEASIBLE_COLOR,
-        "OOM / invalid (no value)",
+        "OOM / invalid / over quality budget (no value)",
     )
     _bottom_marks(
         ax,
@@ -254,7 +254,7 @@ def scatter_figure(
                 )
         if bad:
             _strip(ax)
-        _bottom_marks(ax, bad, _INFEASIBLE_COLOR, "OOM / invalid")
+        _bottom_marks(ax, bad, _INFEASIBLE_COLOR, "OOM / invalid / lossy")
         if f.kind == "numeric" and f.log:
             ax.set_xscale("log")
             ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.analysis.quality import quality_text
 from autotune.analysis.records import TrialRow
 from autotune.output.export import serve_command
 from autotune.output.report.figures import importance_figure
@@ -166,10 +167,11 @@ def _log_cell(row: TrialRow, links_from: Path) -> str:
 
 
 def trials_html(rows: Sequence[TrialRow], infeasible: dict[int, str], links_from: Path) -> str:
-    """Every trial: outcome, value, speedup, wall time, GPU util, config as run, log link; the
+    """Every trial: outcome, value, speedup, wall time, GPU util, quality, config as run, log link; the
     error of a failed trial on a row of its own below it. Values that differ from vLLM's defaults
     (the baseline's resolved config) are in bold."""
-    headers = ["#", "state", "outcome", "value", "× baseline", "wall (s)", "GPU util (%)", "config", "log"]
+    headers = ["#", "state", "outcome", "value", "× baseline", "wall (s)", "GPU util (%)", "quality"]
+    headers += ["config", "log"]
     defaults = next((r.params for r in rows if r.role == "baseline"), {})
     body = []
     for r in rows:
@@ -194,6 +196,7 @@ def trials_html(rows: Sequence[TrialRow], infeasible: dict[int, str], links_from
             _td(f"×{r.speedup:.3f}" if r.speedup is not None else None, True),
             _td(f"{r.wall_s:.0f}" if isinstance(r.wall_s, (int, float)) else None, True),
             _td(f"{r.gpu_util_pct:.0f}" if r.gpu_util_pct is not None else None, True),
+            _td(quality_text(r.quality) if r.quality else None),
             f'<td class="cfg">{config}</td>',
             _log_cell(r, links_from),
         ]
@@ -244,7 +247,7 @@ def importance_html(report: ImportanceReport | None, error: str | None) -> str:
     reg, cls = report.objective_model, report.feasibility_model
     parts.append("<h3>What drives the objective</h3>")
     parts.append(_ranking_html(reg, "R² drop", report.fanova.status == "ok"))
-    parts.append("<h3>What makes configs infeasible (OOM or invalid)</h3>")
+    parts.append("<h3>What makes configs infeasible (OOM, invalid, over the quality budget)</h3>")
     if cls.classes:
         parts.append(
             '<p class="muted">Outcomes: '

@@ -1,0 +1,117 @@
+"""The quality probe: how far a config's next-token distributions drift from the baseline's.
+
+After its timed run, a trial's worker scores a fixed set of sequences with its engine and writes
+the top-k log-probabilities of every next token to ``probe.json``. The baseline trial makes the
+sequences: the first prompts of the user's workload, each followed by the baseline's own greedy
+continuation. Every later trial scores those same sequences (teacher forcing, vLLM's
+``prompt_logprobs``), so the two probes compare position by position on the baseline's tokens:
+
+- **mean KL divergence** KL(baseline || config) of the next-token distributions, in nats: the
+  measure llama.cpp's ``--kl-divergence`` reports for quantized models. vLLM returns the top-k
+  log-probabilities, not the whole vocabulary, so the KL is taken over the tokens both top-k
+  lists hold plus one bucket for all the rest. Merging tokens into a bucket never increases a KL
+  divergence (the log-sum inequality), so this is a lower bound of the full-vocabulary value,
+  tight when the top-k hold nearly all the mass (k = 20 does on real models);
+- **top-1 agreement**: the share of positions where both put the same token first.
+
+A lossless change (batch size, block size, eager vs compiled) moves these only by floating-point
+noise; fp8 weights or an fp8 KV cache move them measurably. Nothing here imports vLLM: the
+worker writes the probe, the parent compares two.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+PROBE_FILE = "probe.json"
+#: how many of the workload's prompts the probe scores, and how many tokens the baseline writes
+DEFAULT_PROBE = {"prompts": 16, "tokens": 32, "max_prompt_tokens": 512, "logprobs": 20}
+
+
+@dataclass(frozen=True)
+class Quality:
+    """How a config's probe compares with the baseline's.
+
+    Attributes:
+        kl_mean: Mean KL(baseline || config) over the probed positions, nats (a lower bound).
+        kl_max: The largest KL at one position.
+        top1: Share of positions whose most likely token is the baseline's.
+        positions: Positions compared.
+        reference: The trial whose probe was the reference (the baseline).
+    """
+
+    kl_mean: float
+    kl_max: float
+    top1: float
+    positions: int
+    reference: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Quality | None:
+        if not data or "kl_mean" not in data:
+            return None
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+class ProbeMismatch(ValueError):
+    """Two probes did not score the same sequences (one of them is not the other's reference)."""
+
+
+def read_probe(path: str | Path) -> dict[str, Any]:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def _kl(p: dict[str, float], q: dict[str, float]) -> float:
+    """KL(p || q) over the tokens both top-k lists hold plus one bucket for the rest (nats)."""
+    common = p.keys() & q.keys()
+    kl = 0.0
+    for t in common:
+        kl += math.exp(p[t]) * (p[t] - q[t])
+    p_rest = max(0.0, 1.0 - sum(math.exp(p[t]) for t in common))
+    q_rest = max(0.0, 1.0 - sum(math.exp(q[t]) for t in common))
+    if p_rest > 1e-9:
+        kl += p_rest * (math.log(p_rest) - math.log(max(q_rest, 1e-12)))
+    return max(0.0, kl)
+
+
+def _top(d: dict[str, float]) -> str:
+    return max(d, key=lambda t: d[t])
+
+
+def compare(
+    reference: dict[str, Any], candidate: dict[str, Any], reference_trial: int | None = None
+) -> Quality:
+    """Compare ``candidate``'s probe with ``reference``'s (both as written by the worker).
+
+    Raises:
+        ProbeMismatch: they scored different sequences.
+    """
+    ref_seqs, cand_seqs = reference["sequences"], candidate["sequences"]
+    if len(ref_seqs) != len(cand_seqs):
+        raise ProbeMismatch(f"{len(cand_seqs)} probe sequences, the reference has {len(ref_seqs)}")
+    kls: list[float] = []
+    same = 0
+    for r, c in zip(ref_seqs, cand_seqs, strict=True):
+        if r["token_ids"] != c["token_ids"] or len(r["top"]) != len(c["top"]):
+            raise ProbeMismatch("a probe sequence differs from the reference's")
+        for p, q in zip(r["top"], c["top"], strict=True):
+            if not p or not q:
+                continue
+            kls.append(_kl(p, q))
+            same += _top(p) == _top(q)
+    if not kls:
+        raise ProbeMismatch("the probes have no positions to compare")
+    return Quality(
+        kl_mean=sum(kls) / len(kls),
+        kl_max=max(kls),
+        top1=same / len(kls),
+        positions=len(kls),
+        reference=reference_trial,
+    )
