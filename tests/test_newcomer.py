@@ -164,7 +164,7 @@ def test_help_describes_each_command_with_an_example():
         assert "example:" in out and f"autotune {command}" in out, command
     run = " ".join(autotune("run", "--help").stdout.split())
     assert "jsonl:FILE" in run and "sharegpt:FILE" in run  # the workload kinds
-    assert "cpu, throughput" in run  # the bundled spaces
+    assert "cpu, cpu-real, throughput" in run  # the bundled spaces
     assert "(default 1800;" in run  # --trial-timeout's default
     assert "name of the study to read" in " ".join(autotune("show", "--help").stdout.split())
     demo = " ".join(autotune("demo", "--help").stdout.split())

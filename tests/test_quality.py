@@ -107,3 +107,47 @@ def test_a_lossy_config_without_a_reference_never_wins_unmeasured(tmp_path: Path
     result = _trial(tmp_path / "1", _probe([{1: 0.9}]))
     assert judge(result, None, 0.01, ["quantization=fp8"]).outcome is Outcome.QUALITY
     assert judge(result, None, 0.01, []).outcome is Outcome.SUCCESS  # lossless: nothing to fear
+
+
+def test_dummy_weights_turn_the_check_off_and_say_so(engine, caplog: pytest.LogCaptureFixture) -> None:
+    from autotune.space.load import load_space
+    from autotune.tuning.request import RunRequest
+    from autotune.tuning.session import _quality_budget
+
+    space = load_space("throughput", engine, gpus=1, extra_fixed={"load_format": "dummy"})
+    with caplog.at_level("WARNING"):
+        assert _quality_budget(RunRequest(study="s"), space) is None
+    assert "quality check OFF (dummy weights" in caplog.text
+    assert "kv_cache_dtype, quantization change the model's outputs" in caplog.text
+    real = load_space("throughput", engine, gpus=1)
+    assert _quality_budget(RunRequest(study="s"), real) == 0.01
+    assert _quality_budget(RunRequest(study="s", quality_budget=0.05), real) == 0.05
+    assert _quality_budget(RunRequest(study="s", quality_check=False), real) is None
+
+
+def test_a_quantized_checkpoint_is_not_quantized_again(engine, tmp_path: Path) -> None:
+    from autotune.space.constraints import drop_requantization
+    from autotune.space.load import load_space
+    from autotune.trial.model_ref import quantization_method
+
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "awq"}}))
+    assert quantization_method(str(tmp_path)) == "awq"
+    space = load_space("throughput", engine, gpus=1)
+    kept, notes = drop_requantization(space, quantization_method(str(tmp_path)))
+    assert "quantization" not in {p.name for p in kept.parameters} and "awq" in notes[0]
+    assert drop_requantization(space, None) == (space, [])
+
+
+def test_attention_backends_are_the_installed_vllms(engine, tmp_path: Path) -> None:
+    from autotune.errors import SearchSpaceError
+    from autotune.space.load import load_space
+
+    space = load_space("throughput", engine, gpus=1)
+    (backend,) = [p for p in space.parameters if p.name == "attention_backend"]
+    assert backend.choices == (None, "FLASH_ATTN", "FLASHINFER", "TRITON_ATTN")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "parameters:\n  attention_backend: {type: categorical, choices: [FLASH_ATTN, WARP_DRIVE]}\n"
+    )
+    with pytest.raises(SearchSpaceError, match=r"WARP_DRIVE.*not one of vLLM's choices"):
+        load_space(str(bad), engine, gpus=1)

