@@ -67,7 +67,6 @@ def test_success_needs_result_and_clean_exit():
     assert classify(returncode=1, timed_out=False, events=events, stderr_tail="")[0] is Outcome.CRASH
 
 
-
 def test_a_death_while_the_engine_shuts_down_keeps_the_reported_measurement():
     events = [
         {"event": "phase", "phase": "shutdown"},
