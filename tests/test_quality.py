@@ -151,3 +151,16 @@ def test_attention_backends_are_the_installed_vllms(engine, tmp_path: Path) -> N
     )
     with pytest.raises(SearchSpaceError, match=r"WARP_DRIVE.*not one of vLLM's choices"):
         load_space(str(bad), engine, gpus=1)
+
+
+def test_a_probe_that_failed_is_named_in_the_verdict(tmp_path: Path) -> None:
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "ref" / PROBE_FILE).write_text(json.dumps(_probe([{1: 0.9}])))
+    result = _trial(tmp_path / "1", None)
+    result = TrialRecord(
+        outcome=Outcome.SUCCESS,
+        metrics={"output_tokens_per_s": 1.0, "probe_error": "ValueError: boom"},
+        trial_dir=result.trial_dir,
+    )
+    judged = judge(result, Reference(0, tmp_path / "ref" / PROBE_FILE), 0.01, ["kv_cache_dtype=fp8"])
+    assert judged.outcome is Outcome.QUALITY and "ValueError: boom" in (judged.error or "")

@@ -78,7 +78,8 @@ def judge(result: TrialRecord, ref: Reference | None, budget: float, lossy: list
     if ref is None:
         why = "no baseline probe exists to compare it with (the baseline's probe failed: see its log)"
     elif not probe.is_file():
-        why = f"its probe wrote nothing (see {result.log or 'its log'})"
+        cause = result.metrics.get("probe_error") or f"see {result.log or 'its log'}"
+        why = f"its probe wrote nothing ({cause})"
     else:
         try:
             quality = compare(read_probe(ref.path), read_probe(probe), ref.trial)
