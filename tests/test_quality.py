@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autotune.space.lossy import lossy_changes
+from autotune.study.settings import DEFAULT_QUALITY_BUDGET
 from autotune.trial.probe import PROBE_FILE, ProbeMismatch, compare
 from autotune.trial.record import Outcome, TrialRecord
 from autotune.tuning.quality import Reference, judge
@@ -120,7 +121,7 @@ def test_dummy_weights_turn_the_check_off_and_say_so(engine, caplog: pytest.LogC
     assert "quality check OFF (dummy weights" in caplog.text
     assert "kv_cache_dtype, quantization change the model's outputs" in caplog.text
     real = load_space("throughput", engine, gpus=1)
-    assert _quality_budget(RunRequest(study="s"), real) == 0.01
+    assert _quality_budget(RunRequest(study="s"), real) == DEFAULT_QUALITY_BUDGET
     assert _quality_budget(RunRequest(study="s", quality_budget=0.05), real) == 0.05
     assert _quality_budget(RunRequest(study="s", quality_check=False), real) is None
 

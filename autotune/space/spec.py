@@ -24,6 +24,15 @@ class ParamSpec:
     step: float | int | None = None
     choices: tuple[Any, ...] = ()
 
+    def records(self, value: Any) -> bool:
+        """Whether ``value`` can stand as this parameter's value in a trial (a categorical's
+        must be one of its choices; a number outside the range only draws Optuna's warning)."""
+        if self.type == "bool":
+            return isinstance(value, bool)
+        if self.type == "categorical":
+            return any(value == c and type(value) is type(c) for c in self.choices)
+        return True
+
     def suggest(self, trial: optuna.Trial) -> Any:
         if self.type == "int":
             assert self.low is not None and self.high is not None

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import optuna
 
@@ -136,11 +137,27 @@ def _check_compatible(name: str, stored: StudySettings, given: StudySettings) ->
             )
 
 
-def enqueue_config(study: optuna.Study, config: dict[str, Any], space_names: set[str]) -> None:
+class _Param(Protocol):
+    """A searched parameter (:class:`autotune.space.spec.ParamSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def records(self, value: Any) -> bool: ...
+
+
+def enqueue_config(study: optuna.Study, config: dict[str, Any], parameters: Sequence[_Param]) -> list[str]:
     """Queue a config the user wants measured (e.g. a hand-tuned one) as the next trial.
 
-    Keys that are searched go in as the trial's params; the rest apply to that trial only.
+    Keys that are searched go in as the trial's params; the rest, and a value outside a
+    categorical's choices, apply to that trial only (measured as written, unseen by the sampler).
+
+    Returns:
+        The ``name=value`` pairs that are searched but outside the space.
     """
-    params = {k: v for k, v in config.items() if k in space_names}
+    by_name = {p.name: p for p in parameters}
+    params = {k: v for k, v in config.items() if k in by_name and by_name[k].records(v)}
+    outside = [f"{k}={v!r}" for k, v in config.items() if k in by_name and k not in params]
     attrs = TrialRecord(role=Role.ENQUEUED, config=config).attrs()
     study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=False)
+    return outside

@@ -58,7 +58,7 @@ class Objective(Measuring):
             # measured as written; its searched keys are recorded as the trial's params
             params = dict(record.config or {})
             for p in self.space.parameters:
-                if p.name in params:
+                if p.name in params and p.records(params[p.name]):  # else: as written, unrecorded
                     p.suggest(trial)
         else:
             params = self.space.suggest(trial)

@@ -181,7 +181,14 @@ def open_session(req: RunRequest, inputs: RunInputs) -> Session:
     wl = WorkloadSpec(**settings.workload)
     requests_file = _requests_file(study_dir, wl, fresh=created)
     for config in req.enqueue:
-        enqueue_config(study, config, {p.name for p in space.parameters})
+        outside = enqueue_config(study, config, space.parameters)
+        if outside:
+            _logger.warning(
+                "--enqueue %s: %s outside the space: measured as written, but not a searched value "
+                "the sampler learns from (widen the space to search it)",
+                json.dumps(config),
+                ", ".join(outside),
+            )
     for dropped in space.dropped:
         _logger.info("space: %s is not in this vLLM; dropped (optional)", dropped)
     return Session(study, settings, space, created, total, heartbeat_s, sole_worker, study_dir, requests_file)
