@@ -55,10 +55,14 @@ def build_smollm2(out_dir: str | Path) -> Path:
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # its dequantizing chatter and progress bars: not the user's news
+    hf_logging.disable_progress_bar()
 
     directory, name = str(source.parent), source.name
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-    quantized = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, torch_dtype=torch.bfloat16)
+    quantized = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.bfloat16)
     # save_pretrained refuses a GGUF-quantized model: copy its (dequantized) weights into a plain one
     config_dict = quantized.config.to_dict()
     config_dict.pop("quantization_config", None)
