@@ -165,3 +165,30 @@ def test_a_probe_that_failed_is_named_in_the_verdict(tmp_path: Path) -> None:
     )
     judged = judge(result, Reference(0, tmp_path / "ref" / PROBE_FILE), 0.01, ["kv_cache_dtype=fp8"])
     assert judged.outcome is Outcome.QUALITY and "ValueError: boom" in (judged.error or "")
+
+
+def test_the_run_summary_names_an_unchecked_lossy_winner() -> None:
+    from autotune.output.summary import format_summary
+
+    summary = {
+        "study": "s",
+        "trials": {"COMPLETE": 2},
+        "objective": "output_tokens_per_s",
+        "best": {"trial": 1, "value": 2.0},
+        "baseline_value": 1.0,
+        "baseline_trial": 0,
+        "speedup_over_baseline": 2.0,
+        "validation": {"status": "not validated"},
+        "quality": {"status": "not checked", "lossy": ["kv_cache_dtype=fp8"], "budget": None},
+    }
+    assert "quality NOT CHECKED" in format_summary(summary) and "kv_cache_dtype=fp8" in format_summary(
+        summary
+    )
+    summary["quality"] = {
+        "status": "within budget",
+        "lossy": [],
+        "budget": 0.02,
+        "kl_mean": 0.01,
+        "top1": 0.95,
+    }
+    assert "drift 0.0100 nats" in format_summary(summary)

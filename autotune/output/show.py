@@ -119,8 +119,9 @@ def _validation_lines(v: dict[str, Any] | None) -> list[str]:
 def _quality_line(budget: float | None) -> str:
     if budget is None:
         return (
-            "Quality: NOT CHECKED (--no-quality-check or dummy weights): configs are ranked by speed "
-            "alone; a lossy one (fp8 weights or KV cache) is named in the quality column."
+            "Quality: NOT CHECKED (the study has no quality budget: --no-quality-check, dummy weights, "
+            "or created before the guard): configs are ranked by speed alone; a lossy one (fp8 "
+            "weights or KV cache) is named in the quality column."
         )
     return (
         f"Quality: each config's outputs compared with vLLM's defaults' on a probe of the workload's "

@@ -45,6 +45,17 @@ def format_summary(summary: dict[str, Any], where: str = "") -> str:
             )
     else:
         lines.append(f"validated: {validation['verdict']}")
+    quality = summary.get("quality")
+    if quality and quality["status"] == "not checked" and quality["lossy"]:
+        lines.append(
+            f"quality NOT CHECKED: the recommended config changes the model's outputs "
+            f"({', '.join(quality['lossy'])}); with real weights, run a study with the quality guard on"
+        )
+    elif quality and "kl_mean" in quality:
+        lines.append(
+            f"quality: its outputs drift {quality['kl_mean']:.4f} nats of mean KL per token from vLLM's "
+            f"defaults' (top-1 agreement {quality['top1']:.1%}; budget {quality['budget']:g})"
+        )
     at = f" --study {name}{where}"
     lines.append(
         f"next: autotune export{at} --out best.json  |  autotune report{at} --out report.html  |  "

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
+from autotune.analysis.quality import quality_of
 from autotune.analysis.verdict import Verdict, study_verdict
 from autotune.errors import StudyError
 from autotune.study.budget import counted_trials
@@ -61,7 +62,18 @@ def run_study(req: RunRequest) -> dict[str, Any]:
             _logger.info("the search is not finished: no validation yet (the same command resumes both)")
         out = summary(session.study)
         out["validation"] = verdict.to_dict() if verdict is not None else _previous(session.study)
+        out["quality"] = _winner_quality(session, out)
         return out
+
+
+def _winner_quality(session: Session, out: dict[str, Any]) -> dict[str, Any] | None:
+    """The quality statement of the config the run recommends (the validated winner, else the best)."""
+    validation = out["validation"]
+    winner = validation.get("winner") if validation.get("rounds") else (out.get("best") or {}).get("trial")
+    if winner is None:
+        return None
+    record = TrialRecord.of(session.study.trials[int(winner)])
+    return quality_of(record, session.settings.quality_budget, session.settings.fixed)
 
 
 def _previous(study: optuna.Study) -> dict[str, Any]:
