@@ -22,15 +22,16 @@ def autotune(*args: str, cwd: Path | None = None, timeout: float = 900) -> subpr
 
 
 def worker_pid(trial_dir: Path) -> int:
-    """PID (= process group) of the live ``autotune.trial.worker`` running ``trial_dir``'s spec."""
-    spec = str(trial_dir / "spec.json").encode()
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"autotune.trial.worker" in cmd and spec in cmd:
-            return int(entry.name)
+    """PID (= process group) of the live worker running ``trial_dir``'s spec: the process whose
+    events its stdout holds (a fresh ``python -m autotune.trial.worker``, or one a warm worker
+    forked, whose command line is the fork server's)."""
+    from autotune.trial import protocol
+
+    lines = (trial_dir / "stdout.log").read_text(errors="replace").splitlines()
+    for event in protocol.parse(lines):
+        pid = int(event["pid"])
+        if Path(f"/proc/{pid}").exists() and os.getpgid(pid) == pid:
+            return pid
     raise AssertionError(f"no worker process for {trial_dir}")
 
 

@@ -61,10 +61,13 @@ def test_oom_root_cause_on_stderr_is_oom(text):
     assert error and error in text
 
 
-def test_success_needs_result_and_clean_exit():
+def test_success_needs_a_reported_measurement():
     events = [{"event": "result", "metrics": {"output_tokens_per_s": 10.0}}]
     assert classify(returncode=0, timed_out=False, events=events, stderr_tail="")[0] is Outcome.SUCCESS
-    assert classify(returncode=1, timed_out=False, events=events, stderr_tail="")[0] is Outcome.CRASH
+    assert classify(returncode=0, timed_out=False, events=[], stderr_tail="")[0] is Outcome.CRASH
+    # reported in full, then an exception in what follows (the probe, the shutdown): it stands
+    after = classify(returncode=1, timed_out=False, events=events, stderr_tail="")
+    assert after[0] is Outcome.SUCCESS and after[3]["exit_after_result"] == 1
 
 
 def test_a_death_while_the_engine_shuts_down_keeps_the_reported_measurement():
@@ -75,8 +78,11 @@ def test_a_death_while_the_engine_shuts_down_keeps_the_reported_measurement():
     outcome, _, _, metrics = classify(returncode=-6, timed_out=False, events=events, stderr_tail="")
     assert outcome is Outcome.SUCCESS
     assert metrics == {"output_tokens_per_s": 10.0, "exit_after_result": -6}
-    timed_out = classify(returncode=-9, timed_out=True, events=events, stderr_tail="")
-    assert timed_out[0] is Outcome.TIMEOUT
+    # a hang after the measurement (the probe, the shutdown) keeps it too
+    timed_out = classify(returncode=-9, timed_out=True, events=events[1:], stderr_tail="")
+    assert timed_out[0] is Outcome.SUCCESS and timed_out[3]["exit_after_result"] == "timeout"
+    # no measurement reported: a timeout
+    assert classify(returncode=-9, timed_out=True, events=events[:1], stderr_tail="")[0] is Outcome.TIMEOUT
 
 
 def test_invalid_config():

@@ -14,7 +14,7 @@ from autotune.space.lossy import lossy_changes
 from autotune.study.settings import DEFAULT_QUALITY_BUDGET
 from autotune.trial.probe import PROBE_FILE, ProbeMismatch, compare
 from autotune.trial.record import Outcome, TrialRecord
-from autotune.tuning.quality import Reference, judge
+from autotune.tuning.quality import Plan, judge
 
 
 def _logprobs(probs: dict[int, float]) -> dict[str, float]:
@@ -92,7 +92,7 @@ def test_the_guard_prunes_drift_beyond_the_budget(tmp_path: Path) -> None:
     ref_probe = _probe([{1: 0.7, 2: 0.2}, {3: 0.5, 4: 0.4}])
     (tmp_path / "ref").mkdir()
     (tmp_path / "ref" / PROBE_FILE).write_text(json.dumps(ref_probe))
-    ref = Reference(0, tmp_path / "ref" / PROBE_FILE)
+    ref = Plan({}, 0, tmp_path / "ref" / PROBE_FILE)
     drifted = _trial(tmp_path / "1", _probe([{1: 0.7, 2: 0.2}, {3: 0.3, 4: 0.6}]))
 
     over = judge(drifted, ref, budget=0.01, lossy=["kv_cache_dtype=fp8"])
@@ -106,8 +106,12 @@ def test_the_guard_prunes_drift_beyond_the_budget(tmp_path: Path) -> None:
 
 def test_a_lossy_config_without_a_reference_never_wins_unmeasured(tmp_path: Path) -> None:
     result = _trial(tmp_path / "1", _probe([{1: 0.9}]))
-    assert judge(result, None, 0.01, ["quantization=fp8"]).outcome is Outcome.QUALITY
-    assert judge(result, None, 0.01, []).outcome is Outcome.SUCCESS  # lossless: nothing to fear
+    none = Plan(None, missing="the baseline (trial #0) wrote no probe (ValueError: boom)")
+    judged = judge(result, none, 0.01, ["quantization=fp8"])
+    assert judged.outcome is Outcome.QUALITY and "trial #0) wrote no probe (ValueError: boom)" in str(
+        judged.error
+    )
+    assert judge(result, none, 0.01, []).outcome is Outcome.SUCCESS  # lossless: nothing to fear
 
 
 def test_dummy_weights_turn_the_check_off_and_say_so(engine, caplog: pytest.LogCaptureFixture) -> None:
@@ -160,11 +164,13 @@ def test_a_probe_that_failed_is_named_in_the_verdict(tmp_path: Path) -> None:
     result = _trial(tmp_path / "1", None)
     result = TrialRecord(
         outcome=Outcome.SUCCESS,
-        metrics={"output_tokens_per_s": 1.0, "probe_error": "ValueError: boom"},
+        metrics={"output_tokens_per_s": 1.0},
+        quality={"probe_error": "ValueError: boom"},
         trial_dir=result.trial_dir,
     )
-    judged = judge(result, Reference(0, tmp_path / "ref" / PROBE_FILE), 0.01, ["kv_cache_dtype=fp8"])
+    judged = judge(result, Plan({}, 0, tmp_path / "ref" / PROBE_FILE), 0.01, ["kv_cache_dtype=fp8"])
     assert judged.outcome is Outcome.QUALITY and "ValueError: boom" in (judged.error or "")
+    assert judged.quality == {"probe_error": "ValueError: boom"}  # not in the metrics
 
 
 def test_the_run_summary_names_an_unchecked_lossy_winner() -> None:
@@ -192,3 +198,158 @@ def test_the_run_summary_names_an_unchecked_lossy_winner() -> None:
         "top1": 0.95,
     }
     assert "drift 0.0100 nats" in format_summary(summary)
+
+
+def test_a_token_the_config_rules_out_is_a_large_finite_drift() -> None:
+    """vLLM reports -inf for a token a config gives no probability (and a broken one NaN): the
+    KL stays a number, large, so the config is pruned rather than compared as NaN."""
+    ref = _probe([{1: 0.9, 2: 0.05}])
+    cand = _probe([{1: 0.9, 2: 0.05}])
+    cand["sequences"][0]["top"][0]["1"] = float("-inf")
+    q = compare(ref, cand)
+    assert math.isfinite(q.kl_mean) and q.kl_mean > 10 and q.top1 == 0.0
+    cand["sequences"][0]["top"][0]["1"] = float("nan")
+    assert math.isfinite(compare(ref, cand).kl_mean) and compare(ref, cand).kl_mean > 10
+
+
+def test_a_tie_for_first_place_agrees() -> None:
+    ref = _probe([{1: 0.5, 2: 0.4}])
+    tie = _probe([{2: 0.45, 1: 0.45}])  # listed in the other order, equally likely
+    assert compare(ref, tie).top1 == 1.0
+
+
+def test_a_packed_probe_reads_back_smaller() -> None:
+    from autotune.trial.probe import pack, unpack
+
+    probe = _probe([{t: 1.0 / (t + 2) for t in range(20)} for _ in range(32)])
+    assert unpack(pack(probe)) == probe
+    assert len(pack(probe)) < len(json.dumps(probe))
+    with pytest.raises(ValueError, match="not a packed probe"):
+        unpack("bm90IGEgcHJvYmU=")
+
+
+def _guarded_objective(tmp_path: Path, probes: dict[str, dict], budget: float = 0.01):
+    """An Objective with the guard on whose trials "run" by writing the probe ``probes`` holds
+    for their config (``baseline``, or the kv_cache_dtype they set); returns it and the specs run."""
+    from autotune.space.spec import ParamSpec, SearchSpace
+    from autotune.study.settings import StudySettings
+    from autotune.trial.spec import TrialSpec
+    from autotune.tuning.objective import Objective
+
+    ran: list[TrialSpec] = []
+
+    def run_trial(spec: TrialSpec) -> TrialRecord:
+        ran.append(spec)
+        spec.trial_dir.mkdir(parents=True, exist_ok=True)
+        key = spec.engine_kwargs.get("kv_cache_dtype", "baseline")
+        (spec.trial_dir / PROBE_FILE).write_text(json.dumps(probes[key]))
+        return TrialRecord(Outcome.SUCCESS, {"output_tokens_per_s": 1.0}, trial_dir=str(spec.trial_dir))
+
+    space = SearchSpace(
+        "s",
+        (
+            ParamSpec("kv_cache_dtype", "categorical", choices=("auto", "fp8")),
+            ParamSpec("max_model_len", "categorical", choices=(None, 1024, 4096)),
+        ),
+    )
+    settings = StudySettings(model="m", workload={"kind": "synthetic"}, space={}, quality_budget=budget)
+    objective = Objective(settings=settings, space=space, study_dir=tmp_path, timeout_s=0.1)
+    return objective, ran, run_trial
+
+
+def test_a_lossy_config_before_the_baseline_waits_for_it(tmp_path: Path, monkeypatch) -> None:
+    """A lossy config whose turn comes before the baseline's probe exists (the baseline queued
+    again behind it after a cold timeout, or running on another worker) is queued again,
+    uncounted, and judged once the baseline is done: never pruned for a probe not yet written."""
+    import optuna
+
+    from autotune.study.budget import counted_trials
+    from autotune.study.reference import stored_reference
+    from autotune.trial.record import Role
+    from autotune.tuning.measure import TrialFailed
+    from autotune.tuning.quality import AWAITING_BASELINE, REFERENCE_FILE
+
+    same = _probe([{1: 0.7, 2: 0.2}])
+    drifted = _probe([{1: 0.3, 2: 0.6}])
+    objective, ran, run_trial = _guarded_objective(tmp_path, {"baseline": same, "fp8": drifted})
+    monkeypatch.setattr("autotune.tuning.measure.run_trial", run_trial)
+    study = optuna.create_study(direction="maximize")
+    lossy = {"kv_cache_dtype": "fp8", "max_model_len": 4096}
+    study.enqueue_trial(lossy, user_attrs=TrialRecord(role=Role.ENQUEUED, config=lossy).attrs())
+    study.enqueue_trial({}, user_attrs=TrialRecord(role=Role.BASELINE).attrs())
+    study.optimize(objective, n_trials=3, catch=(TrialFailed,))
+
+    first, base, again = study.trials
+    assert first.state is optuna.trial.TrialState.FAIL
+    assert TrialRecord.of(first).outcome is Outcome.DEFERRED and not TrialRecord.of(first).counted
+    assert TrialRecord.of(again).retry_of == 0 and TrialRecord.of(again).retry_reason == AWAITING_BASELINE
+    assert [s.engine_kwargs.get("kv_cache_dtype") for s in ran] == [None, "fp8"]  # nothing ran for #0
+    assert ran[0].probe == {"max_len": 1024}  # the baseline's probe fits every trial's max_model_len
+    assert ran[1].probe == {"reference": str(tmp_path / REFERENCE_FILE)}
+    ref = stored_reference(study)
+    assert ref is not None and ref.trial == base.number and ref.probe == same
+    assert again.state is optuna.trial.TrialState.PRUNED
+    record = TrialRecord.of(again)
+    assert record.outcome is Outcome.QUALITY and record.quality["top1"] == 0.0 and record.metrics
+    assert counted_trials(study) == 2
+    # answered from the record, never measured twice: one write of the judged record
+    assert json.loads((tmp_path / "trials" / "2" / "result.json").read_text())["outcome"] == "quality"
+
+
+def test_the_reference_is_the_studys_not_a_hosts(tmp_path: Path, monkeypatch) -> None:
+    """Another host cannot read the baseline's trial directory: the reference is in the study."""
+    import shutil
+
+    import optuna
+
+    from autotune.trial.record import Role
+    from autotune.tuning.measure import TrialFailed
+
+    same = _probe([{1: 0.7, 2: 0.2}])
+    objective, _, run_trial = _guarded_objective(tmp_path / "a", {"baseline": same, "auto": same})
+    monkeypatch.setattr("autotune.tuning.measure.run_trial", run_trial)
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({}, user_attrs=TrialRecord(role=Role.BASELINE).attrs())
+    study.optimize(objective, n_trials=1, catch=(TrialFailed,))
+    shutil.rmtree(tmp_path / "a")  # the baseline's host is gone
+
+    other, _, run_trial = _guarded_objective(tmp_path / "b", {"auto": same})
+    monkeypatch.setattr("autotune.tuning.measure.run_trial", run_trial)
+    config = {"kv_cache_dtype": "auto", "max_model_len": 4096}
+    study.enqueue_trial(config, user_attrs=TrialRecord(role=Role.ENQUEUED, config=config).attrs())
+    study.optimize(other, n_trials=1, catch=(TrialFailed,))
+    record = TrialRecord.of(study.trials[1])
+    assert record.outcome is Outcome.SUCCESS and record.quality["kl_mean"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_baseline_without_a_probe_says_why_lossy_configs_are_pruned(tmp_path: Path, monkeypatch) -> None:
+    import optuna
+
+    from autotune.trial.record import Role
+    from autotune.tuning import quality
+
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({}, user_attrs=TrialRecord(role=Role.BASELINE).attrs())
+    base = study.ask()
+    TrialRecord(quality={"probe_error": "RuntimeError: no logprobs"}, log="/x/stderr.log").write(base)
+    study.tell(base, 1.0)
+    plan = quality.plan(study.ask(), tmp_path, wait_s=0)
+    assert not plan.pending and plan.reference_path is None
+    assert plan.missing == "the baseline (trial #0) wrote no probe (RuntimeError: no logprobs)"
+
+
+def test_a_config_pruned_for_quality_is_not_run_again(tmp_path: Path) -> None:
+    import optuna
+
+    from autotune.study.trials import find_duplicate
+
+    study = optuna.create_study(direction="maximize")
+    kwargs = {"model": "m", "kv_cache_dtype": "fp8"}
+    t = study.ask()
+    TrialRecord(outcome=Outcome.QUALITY, error_type="quality", engine_kwargs=kwargs).write(t)
+    study.tell(t, state=optuna.trial.TrialState.PRUNED)
+    skip = study.ask()
+    TrialRecord(outcome=Outcome.INVALID, error_type="constraint", engine_kwargs={"model": "m"}).write(skip)
+    study.tell(skip, state=optuna.trial.TrialState.PRUNED)
+    assert find_duplicate(study, kwargs) is not None and find_duplicate(study, kwargs).number == 0
+    assert find_duplicate(study, {"model": "m"}) is None  # a constraint's skip is no measurement

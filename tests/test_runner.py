@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.trial.forkserver import WarmWorkers
 from autotune.trial.outcome import Outcome
 from autotune.trial.process import group_members
 from autotune.trial.runner import TrialSpec, run_trial
@@ -38,9 +39,15 @@ def _endless_spec(tmp_path: Path, tiny_model: Path, *, timeout_s: float) -> Tria
     )
 
 
-def test_timeout_kills_the_process_group(tmp_path: Path, tiny_model: Path):
+@pytest.mark.parametrize("warm", [False, True], ids=["fresh", "forked"])
+def test_timeout_kills_the_process_group(tmp_path: Path, tiny_model: Path, warm: bool):
     spec = _endless_spec(tmp_path, tiny_model, timeout_s=60)
-    result = run_trial(spec)
+    workers = WarmWorkers(tmp_path) if warm else None
+    try:
+        result = run_trial(spec, warm=workers)
+    finally:
+        if workers is not None:
+            workers.close()
     assert result.outcome is Outcome.TIMEOUT
     assert result.error_type == "timeout"
     assert "engine_start" in result.phases_s  # it got as far as the engine: a real hang, not a crash
@@ -87,3 +94,33 @@ def test_a_stop_request_ends_a_trial_waiting_in_another_thread(tmp_path: Path, t
     assert not thread.is_alive() and isinstance(raised[0], KeyboardInterrupt)
     assert time.monotonic() - asked < 20  # SIGTERM, at most the grace period, then SIGKILL
     assert group_members(pgid) == []  # the worker and its engine-core children are gone
+
+
+def test_a_warm_worker_forks_each_trial_a_fresh_isolated_process(tmp_path: Path, tiny_model: Path):
+    """Forked from one process that imported vLLM once: each trial is still a process of its own,
+    in its own session and process group, measured the same way, and nothing outlives it."""
+    import os
+
+    workers = WarmWorkers(tmp_path)
+    results = []
+    try:
+        for n, seqs in enumerate([8, 16]):
+            spec = _endless_spec(tmp_path / str(n), tiny_model, timeout_s=300)
+            spec = TrialSpec(
+                **{**spec.__dict__, "workload": {**spec.workload, "count": 32, "output_len": 16}},
+            )
+            spec.engine_kwargs["max_num_seqs"] = seqs
+            results.append(run_trial(spec, warm=workers))
+        (server,) = workers._idle
+        server_pid = server._proc.pid if server._proc is not None else None
+    finally:
+        workers.close()
+    first, second = results
+    assert first.outcome is second.outcome is Outcome.SUCCESS, (first.error, second.error)
+    assert first.pid != second.pid and server_pid not in (first.pid, second.pid)
+    assert first.metrics["output_tokens"] == second.metrics["output_tokens"] == 32 * 16
+    # the second trial paid no import: its worker entered the engine start at once
+    assert second.phases_s["engine_start"] - second.phases_s["import"] < 2.0
+    assert group_members(first.pid) == group_members(second.pid) == []
+    assert server_pid is not None and not os.path.exists(f"/proc/{server_pid}")  # ended with the run
+    assert (tmp_path / "forkserver-1.log").is_file()

@@ -16,7 +16,8 @@ def quality_of(record: TrialRecord, budget: float | None, fixed: dict[str, Any])
         ``status`` (``reference``: the baseline; ``within budget`` / ``over budget``: measured;
         ``not checked``: the study's guard is off; ``not measured``: it never got that far),
         ``lossy`` (its arguments that change outputs), ``budget``, and the measured ``kl_mean``,
-        ``kl_max``, ``top1`` and ``positions`` when there are any.
+        ``kl_max``, ``top1`` and ``positions`` when there are any, and ``probe_error`` when its
+        probe failed.
     """
     lossy = lossy_changes(record.engine_kwargs or {}, fixed)
     keys = ("kl_mean", "kl_max", "top1", "positions")
@@ -31,7 +32,10 @@ def quality_of(record: TrialRecord, budget: float | None, fixed: dict[str, Any])
         status = "not checked"
     else:
         status = "not measured"
-    return {"status": status, "lossy": lossy, "budget": record.quality.get("budget", budget), **measured}
+    out = {"status": status, "lossy": lossy, "budget": record.quality.get("budget", budget), **measured}
+    if "probe_error" in record.quality:
+        out["probe_error"] = record.quality["probe_error"]
+    return out
 
 
 def quality_text(q: dict[str, Any]) -> str:

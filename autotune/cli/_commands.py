@@ -38,6 +38,7 @@ def _run_request(args: argparse.Namespace, **given: Any) -> Any:
         validate_rounds=args.validate_rounds,
         quality_budget=args.quality_budget,
         quality_check=not args.no_quality_check,
+        warm_workers=not args.cold_workers,
         **given,
     )
 

@@ -109,6 +109,13 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         help="rank by speed alone (for dummy weights, where any quality measure is meaningless); "
         "lossy configs (fp8 weights or KV cache) may then win, and every output says so",
     )
+    p.add_argument(
+        "--cold-workers",
+        action="store_true",
+        help="start each trial's worker as a fresh Python process that imports vLLM itself (9-25 s "
+        "a trial) instead of forking it from a warm worker that imported vLLM once; either way "
+        "each trial is a process group of its own with a fresh CUDA context",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study (default 0)")
     p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")
     p.add_argument("--json", action="store_true", help="end with the run's summary as JSON")

@@ -81,6 +81,20 @@ class SearchSpace:
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
         return {p.name: p.suggest(trial) for p in self.parameters}
 
+    def smallest(self, name: str) -> int | None:
+        """The least number engine arg ``name`` takes in this space (fixed or searched); None
+        when no trial sets it (vLLM's default, e.g. the model's own ``max_model_len``)."""
+        if isinstance(self.fixed.get(name), int):
+            return int(self.fixed[name])
+        for p in self.parameters:
+            if p.name != name:
+                continue
+            if p.type == "int" and p.low is not None:
+                return int(p.low)
+            numbers = [c for c in p.choices if isinstance(c, int) and not isinstance(c, bool)]
+            return min(numbers) if numbers else None
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able record of the space, stored with the study."""
         return {

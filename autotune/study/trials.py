@@ -6,7 +6,7 @@ from typing import Any
 
 import optuna
 
-from autotune.trial.record import Role, TrialRecord
+from autotune.trial.record import INFEASIBLE, Role, TrialRecord
 
 
 def baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -44,13 +44,20 @@ def best_or_none(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 
 def find_duplicate(study: optuna.Study, engine_kwargs: dict[str, Any]) -> optuna.trial.FrozenTrial | None:
-    """A completed trial that ran exactly ``engine_kwargs`` already (the first one), if any.
+    """The first trial that ran exactly ``engine_kwargs`` to a verdict already: completed, or
+    pruned because the config cannot be used (out of memory, invalid, over the quality budget).
 
-    Engine args, not params: an enqueued config may set args the space does not search.
+    Engine args, not params: an enqueued config may set args the space does not search. A
+    constraint's skip is cheap to repeat and no measurement, so it does not count.
     """
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    for t in study.get_trials(deepcopy=False, states=states):
         record = TrialRecord.of(t)
-        if record.duplicate_of is None and t.value is not None and record.engine_kwargs == engine_kwargs:
+        if record.duplicate_of is not None or record.engine_kwargs != engine_kwargs:
+            continue
+        if t.state is optuna.trial.TrialState.COMPLETE and t.value is not None:
+            return t
+        if t.state is optuna.trial.TrialState.PRUNED and record.outcome in INFEASIBLE and not record.skipped:
             return t
     return None
 

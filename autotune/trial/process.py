@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from autotune._logging import get_logger
 
@@ -41,6 +42,17 @@ class _StopRequests:
 stop_requests = _StopRequests()
 
 
+class TrialProcess(Protocol):
+    """A trial's worker process: a ``subprocess.Popen``, or one a fork server forked
+    (:class:`autotune.trial.forkserver.ForkedTrial`). Its PID is its process group's."""
+
+    pid: int
+    args: Any
+    returncode: int | None
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 def request_stop() -> None:
     """Ask every running trial to stop: the first call terminates them (SIGTERM, a grace period,
     SIGKILL), a second one kills them at once. Safe from a signal handler."""
@@ -48,7 +60,7 @@ def request_stop() -> None:
 
 
 def wait(
-    proc: subprocess.Popen[bytes], timeout_s: float, *, stop_at: int, tick: Callable[[], None] | None = None
+    proc: TrialProcess, timeout_s: float, *, stop_at: int, tick: Callable[[], None] | None = None
 ) -> None:
     """``proc.wait(timeout_s)`` that also ends with KeyboardInterrupt once ``stop_at`` presses
     were made, in whichever thread it runs; ``tick`` is called at every poll."""
@@ -105,7 +117,7 @@ def reap_group(pgid: int, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def terminate(proc: subprocess.Popen[bytes]) -> None:
+def terminate(proc: TrialProcess) -> None:
     """SIGTERM the worker's process group, then SIGKILL whatever is left after a grace period."""
     pgid = proc.pid
     _kill_group(pgid, signal.SIGTERM)

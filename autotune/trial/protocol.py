@@ -6,7 +6,9 @@ is ignored by the parent. Events:
 - ``{"event": "phase", "phase": NAME, "t": UNIX_TIME}`` when a phase starts
   (``import``, ``validate``, ``engine_start``, ``warmup``, ``generate``, ``probe``, ``shutdown``);
 - ``{"event": "engine", ...}`` facts about the engine once it is up (vLLM version, KV cache);
-- ``{"event": "result", "metrics": {...}}`` once, on success;
+- ``{"event": "result", "metrics": {...}}`` once, as soon as the timed run is measured;
+- ``{"event": "probe", "file": NAME}`` or ``{"event": "probe", "error": STR}`` once the quality
+  probe (when the spec asks for one) is written or has failed;
 - ``{"event": "error", "error_type": STR, "error": STR}`` once, on a caught failure.
 """
 

@@ -29,6 +29,9 @@ class Outcome(str, enum.Enum):
     INTERRUPTED = "interrupted"  # FAIL, uncounted: cut off by Ctrl-C or a dead tuner; runs again
     DUPLICATE = "duplicate"  # COMPLETE with an earlier trial's value; nothing ran, uncounted
     OVER_BUDGET = "over_budget"  # FAIL, uncounted: other workers used the budget first; nothing ran
+    #: FAIL, uncounted: a lossy config proposed before the baseline's probe existed to judge it
+    #: by; nothing ran, and it is queued again
+    DEFERRED = "deferred"
     #: never stored: a trial failed by Optuna's heartbeat check (its worker died) has no outcome
     #: of its own, and reads as lost once its config has been queued again
     LOST = "lost"
@@ -60,7 +63,7 @@ class Role(str, enum.Enum):
 CONSTRAINT = "constraint"
 #: error types of trials that did not use up the budget: never launched (a constraint, or started
 #: by a worker after the budget was used up elsewhere), or cut off by the user
-UNCOUNTED = (CONSTRAINT, Outcome.INTERRUPTED.value, Outcome.OVER_BUDGET.value)
+UNCOUNTED = (CONSTRAINT, Outcome.INTERRUPTED.value, Outcome.OVER_BUDGET.value, Outcome.DEFERRED.value)
 
 
 class _HasUserAttrs(Protocol):
@@ -103,7 +106,8 @@ class TrialRecord:
         telemetry: NVML samples of its GPUs (stored inside ``metrics`` in the study).
         engine: The config vLLM resolved (KV cache size, block size, ...).
         quality: Its quality probe against the baseline's (see :class:`autotune.trial.probe.Quality`),
-            with the budget it was judged by (``budget``; None: not judged).
+            with the budget it was judged by (``budget``; None: not judged), or ``probe_error``:
+            why a measured trial's probe was not written.
         wall_s: Seconds from process start to its end.
         phases_s: Seconds after the start at which each phase began (see the protocol).
         engine_kwargs: ``LLM(**engine_kwargs)`` as run, the model included.
@@ -194,9 +198,15 @@ class TrialRecord:
         return self.error_type == Outcome.OVER_BUDGET.value
 
     @property
+    def set_aside(self) -> bool:
+        """Nothing ran, and the config was given back: over the budget, or deferred (a lossy
+        config waiting for the baseline's probe)."""
+        return self.error_type in (Outcome.OVER_BUDGET.value, Outcome.DEFERRED.value)
+
+    @property
     def launched(self) -> bool:
-        """An engine was (or is being) started for it: not a skip, a repeat, or over the budget."""
-        return not (self.skipped or self.over_budget or self.duplicate_of is not None)
+        """An engine was (or is being) started for it: not a skip, a repeat, or set aside."""
+        return not (self.skipped or self.set_aside or self.duplicate_of is not None)
 
     @property
     def skipped(self) -> bool:

@@ -19,8 +19,9 @@ from typing import Any
 from autotune._logging import get_logger
 from autotune.atomic import write_json_atomic
 from autotune.trial import protocol
+from autotune.trial.forkserver import ForkServer, ServerGone, WarmWorkers
 from autotune.trial.outcome import classify
-from autotune.trial.process import reap_group, stop_requests, terminate, wait
+from autotune.trial.process import TrialProcess, reap_group, stop_requests, terminate, wait
 from autotune.trial.record import CONSTRAINT, Outcome, TrialRecord
 from autotune.trial.spec import TrialSpec
 from autotune.trial.telemetry import GpuSampler, wait_for_idle_gpus
@@ -86,13 +87,38 @@ class _PhaseWatch:
                 self.on_phase(str(event.get("phase")))
 
 
-def run_trial(spec: TrialSpec, on_phase: Callable[[str], None] | None = None) -> TrialRecord:
+def _launch(
+    spec_path: Path, out_path: Path, err_path: Path, env: dict[str, str], server: ForkServer | None
+) -> TrialProcess:
+    """Start the trial's worker process: forked by a warm worker, or from scratch (without one,
+    or when it fails: a trial never fails for the warm worker's sake)."""
+    if server is not None:
+        try:
+            return server.launch(spec_path, out_path, err_path)
+        except ServerGone as e:
+            _logger.warning("%s; this trial starts from scratch", e)
+    with out_path.open("wb") as out, err_path.open("wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "autotune.trial.worker", str(spec_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=env,
+            start_new_session=True,  # its own session and process group: killed as one
+        )
+
+
+def run_trial(
+    spec: TrialSpec, on_phase: Callable[[str], None] | None = None, warm: WarmWorkers | None = None
+) -> TrialRecord:
     """Run ``spec`` in a fresh worker process and classify how it ended.
 
     Args:
         spec: What to run.
         on_phase: Called with each phase the worker enters (``engine_start``, ``generate``, ...),
             from the thread that waits on the trial.
+        warm: Fork the worker from a warm worker that imported vLLM already (see
+            :mod:`autotune.trial.forkserver`), instead of starting a fresh interpreter.
     """
     tdir = spec.trial_dir
     claim_dir(tdir)
@@ -107,15 +133,9 @@ def run_trial(spec: TrialSpec, on_phase: Callable[[str], None] | None = None) ->
     sampler = GpuSampler(spec.device_ids).start()
     started = time.time()
     timed_out = False
-    with out_path.open("wb") as out, err_path.open("wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.trial.worker", str(spec_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            env=env,
-            start_new_session=True,  # its own session and process group: killed as one
-        )
+    server = warm.acquire(env) if warm is not None else None
+    try:
+        proc = _launch(spec_path, out_path, err_path, env, server)
         tick = _PhaseWatch(out_path, proc.pid, on_phase) if on_phase is not None else None
         try:
             wait(proc, spec.timeout_s, stop_at=1, tick=tick)
@@ -130,6 +150,9 @@ def run_trial(spec: TrialSpec, on_phase: Callable[[str], None] | None = None) ->
         finally:
             # engine-core children outlive a worker that died abruptly; nothing of a trial survives it
             reap_group(proc.pid)
+    finally:
+        if warm is not None and server is not None:
+            warm.release(server)  # one trial at a time: free once this one's process is gone
     sampler.stop()
     wall_s = time.time() - started
 
@@ -143,15 +166,17 @@ def run_trial(spec: TrialSpec, on_phase: Callable[[str], None] | None = None) ->
     )
     if "exit_after_result" in metrics:
         _logger.warning(
-            "%s: the worker reported its measurement, then died (exit status %s) while the engine shut "
-            "down; the measurement stands (log: %s)",
+            "%s: the worker reported its measurement, then %s; the measurement stands (log: %s)",
             tdir.name,
-            metrics["exit_after_result"],
+            "ran past the trial timeout"
+            if timed_out
+            else f"died (exit status {metrics['exit_after_result']})",
             err_path,
         )
     phases = {e["phase"]: float(e["t"]) for e in events if e.get("event") == "phase"}
     engine: dict[str, Any] = next((e for e in events if e.get("event") == "engine"), {})
     end = phases.get("probe", phases.get("shutdown", time.time()))  # the timed run's end
+    quality = _probe_outcome(spec, outcome, events, timed_out, proc.returncode)
     window = (phases["generate"], end) if "generate" in phases else None
     record = TrialRecord(
         outcome=outcome,
@@ -160,6 +185,7 @@ def run_trial(spec: TrialSpec, on_phase: Callable[[str], None] | None = None) ->
         error=error,
         telemetry=sampler.summary(window),
         engine={k: v for k, v in engine.items() if k not in ("event", "pid")},
+        quality=quality,
         wall_s=wall_s,
         phases_s={k: v - started for k, v in phases.items()},
         engine_kwargs=spec.engine_kwargs,
@@ -172,6 +198,20 @@ def run_trial(spec: TrialSpec, on_phase: Callable[[str], None] | None = None) ->
     )
     record.write_json(tdir / "result.json")
     return record
+
+
+def _probe_outcome(
+    spec: TrialSpec, outcome: Outcome, events: list[dict[str, Any]], timed_out: bool, returncode: int | None
+) -> dict[str, Any]:
+    """``{"probe_error": why}`` for a measured trial whose quality probe was asked for and not
+    written; else empty (the parent compares the probe file itself)."""
+    if spec.probe is None or outcome is not Outcome.SUCCESS:
+        return {}
+    probe = next((e for e in events if e.get("event") == "probe"), None)
+    if probe is None:
+        how = "ran past the trial timeout" if timed_out else f"the worker exited with status {returncode}"
+        return {"probe_error": f"the probe did not finish: {how}"}
+    return {"probe_error": str(probe["error"])} if probe.get("error") else {}
 
 
 def write_skipped(trial_dir: Path, engine_kwargs: dict[str, Any], reasons: list[str]) -> TrialRecord:

@@ -24,7 +24,8 @@ class TrialSpec:
     env: dict[str, str] = field(default_factory=dict)
     device_ids: list[int] = field(default_factory=list)
     #: the quality probe's settings (see :mod:`autotune.trial.probe`): None runs no probe;
-    #: ``{"reference": PATH}`` scores the sequences of that ``probe.json``
+    #: ``{"reference": PATH}`` scores the sequences of that ``probe.json``; without a reference
+    #: (the baseline) it makes them, its prompts cut to fit ``max_len`` tokens with the continuation
     probe: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 This is the only module that imports vLLM. It runs in its own process (and process session),
 started by :mod:`autotune.trial.runner`, and reports through :mod:`autotune.trial.protocol` on stdout:
 validate the config with vLLM's own checks, start ``LLM(**engine_kwargs)``, warm up, time one
-``generate()`` over the whole workload, score the quality probe (untimed), report the metrics,
+``generate()`` over the whole workload, report the metrics, score the quality probe (untimed),
 shut the engine down.
 
 ``python -m autotune.trial.worker --describe`` prints the installed vLLM's engine arguments instead.
@@ -265,8 +265,10 @@ def _probe(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any) 
         seqs = [(int(s["prompt_len"]), list(s["token_ids"])) for s in reference["sequences"]]
         k = min(k, int(reference["logprobs"]))
     else:
-        # the prompt's last tokens, leaving room for the continuation within max_model_len
+        # the prompt's last tokens, leaving room for the continuation within max_model_len (this
+        # engine's, and the least any trial of the study may run with: each scores the sequences)
         max_len = int(llm.llm_engine.model_config.max_model_len)
+        max_len = min(max_len, int(cfg.get("max_len") or max_len))
         limit = max(1, min(int(cfg["max_prompt_tokens"]), max_len - int(cfg["tokens"]) - 1))
         prompts = [_token_ids(p, tokenizer)[-limit:] for p, _ in requests[: int(cfg["prompts"])]]
         greedy = SamplingParams(temperature=0.0, max_tokens=int(cfg["tokens"]), ignore_eos=True)
@@ -282,6 +284,15 @@ def _probe(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any) 
         text = tokenizer.decode(ids[n:]) if tokenizer is not None else None
         sequences.append({"prompt_len": n, "token_ids": ids, "top": top, "text": text})
     write_json_atomic(Path(spec["trial_dir"]) / PROBE_FILE, {"logprobs": k, "sequences": sequences})
+
+
+def preload() -> None:
+    """Import what :func:`run` needs (``import vllm`` costs 9-25 s), touching no device: a fork
+    server (:mod:`autotune.trial.forkserver`) does it once and forks trials from it."""
+    import vllm  # noqa: F401
+    from vllm import LLM, SamplingParams  # noqa: F401
+    from vllm.engine.arg_utils import EngineArgs  # noqa: F401
+    from vllm.usage.usage_lib import UsageContext  # noqa: F401
 
 
 def run(spec: dict[str, Any]) -> int:
@@ -311,23 +322,26 @@ def run(spec: dict[str, Any]) -> int:
         tokenizer = None if kwargs.get("skip_tokenizer_init") else llm.get_tokenizer()
         requests, fit = _requests(spec, llm, tokenizer, int(facts.get("max_model_len") or 1 << 30))
         metrics = _measure(llm, requests, spec, tokenizer)
-        if spec.get("probe") is not None:  # outside the timed run
-            try:
-                _probe(llm, requests, spec, tokenizer)
-            except Exception as e:  # the measurement stands; the parent judges a missing probe
-                traceback.print_exc()
-                metrics["probe_error"] = f"{type(e).__name__}: {e}"[:1000]
         metrics.update(engine_start_s=engine_start_s, kv_cache_tokens=facts.get("kv_cache_tokens"))
         metrics.update(requested_output_tokens=fit["requested_output_tokens"])
         metrics.update(shortened_requests=fit["shortened_requests"])
-        protocol.emit("phase", phase="shutdown", t=time.time())
+        # reported first: what happens to the process from here on cannot lose the measurement
         protocol.emit("result", metrics=metrics)
+        if spec.get("probe") is not None:  # outside the timed run
+            try:
+                _probe(llm, requests, spec, tokenizer)
+            except Exception as e:  # the parent judges a config without a probe
+                traceback.print_exc()
+                protocol.emit("probe", error=f"{type(e).__name__}: {e}"[:1000])
+            else:
+                protocol.emit("probe", file=PROBE_FILE)
+        protocol.emit("phase", phase="shutdown", t=time.time())
     finally:
         llm.llm_engine.engine_core.shutdown()
     return 0
 
 
-def _watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
+def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
     """Kill this trial's whole process group once the tuner that started it is gone.
 
     The worker runs in its own session (so a terminal's Ctrl-C reaches only the tuner), which
@@ -352,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parent = os.environ.get("AUTOTUNE_PARENT_PID", "")
     if parent.isdigit():
-        _watch_parent(int(parent))
+        watch_parent(int(parent))
     if argv == ["--describe"]:
         protocol.emit("describe", info=describe())
         return 0

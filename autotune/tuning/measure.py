@@ -12,18 +12,28 @@ from typing import Any
 
 import optuna
 
+from autotune._logging import get_logger
 from autotune.space.lossy import lossy_changes
 from autotune.study.recovery import queue_retry
 from autotune.study.settings import StudySettings
+from autotune.trial.forkserver import WarmWorkers
+from autotune.trial.probe import PROBE_FILE
 from autotune.trial.record import INFEASIBLE, Outcome, Role, TrialRecord, mark
 from autotune.trial.runner import run_trial
 from autotune.trial.spec import TrialSpec
 from autotune.tuning import quality
 from autotune.tuning.placement import Slot, SlotPool
 
+_logger = get_logger(__name__)
+
 
 class TrialFailed(Exception):
     """A trial crashed or timed out; the study records it as FAIL and goes on (control flow)."""
+
+
+class Deferred(TrialFailed):
+    """A lossy config came before the baseline's probe it must be judged by: recorded, uncounted,
+    unrun, and queued again."""
 
 
 def trial_spec(
@@ -52,19 +62,24 @@ def trial_spec(
 
 
 def measure(
-    trial: optuna.Trial, spec: TrialSpec, on_phase: Callable[[int, str | None], None] | None = None
+    trial: optuna.Trial,
+    spec: TrialSpec,
+    on_phase: Callable[[int, str | None], None] | None = None,
+    judge: Callable[[TrialRecord], TrialRecord] | None = None,
+    warm: WarmWorkers | None = None,
 ) -> TrialRecord:
-    """Run ``spec`` for ``trial`` and store how it went on the trial.
+    """Run ``spec`` for ``trial`` and store how it went on the trial (as ``judge`` says, when
+    given: the quality guard's verdict is part of the one record stored).
 
     Ctrl-C (or SIGTERM) ends the trial's process group (the runner), marks the trial interrupted
     and queues its config again, here, by the one worker it belonged to (two workers starting
     later could both), then lets the interrupt go on.
     """
+    how: dict[str, Any] = {"warm": warm} if warm is not None else {}
+    if on_phase is not None:
+        how["on_phase"] = lambda phase: on_phase(trial.number, phase)
     try:
-        if on_phase is None:
-            result = run_trial(spec)
-        else:
-            result = run_trial(spec, on_phase=lambda phase: on_phase(trial.number, phase))
+        result = run_trial(spec, **how)
     except KeyboardInterrupt:
         mark(trial, Outcome.INTERRUPTED, "interrupted by the user (Ctrl-C / SIGTERM)")
         queue_retry(trial.study, trial, Outcome.INTERRUPTED.value)
@@ -72,6 +87,11 @@ def measure(
     finally:
         if on_phase is not None:
             on_phase(trial.number, None)
+    if judge is not None:
+        judged = judge(result)
+        if judged != result:
+            judged.write_json(spec.trial_dir / "result.json")
+        result = judged
     # recorded before anything else: a trial another worker failed meanwhile (a stale heartbeat,
     # queued again there) raises here; trial_dir, engine_kwargs and gpus are stored already
     dataclasses.replace(result, trial_dir=None, engine_kwargs=None, gpus=()).write(trial)
@@ -106,13 +126,27 @@ class Measuring:
     #: judge each trial's outputs against the baseline's (the study's quality budget; the
     #: search does, validation rounds measure speed only)
     quality_guard: bool = False
+    #: the least ``max_model_len`` a trial may run with: the baseline's probe fits it
+    probe_max_len: int | None = None
+    #: fork each trial's worker from a warm one that imported vLLM once (None: a fresh interpreter)
+    warm: WarmWorkers | None = None
 
     def measure(
         self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot
     ) -> TrialRecord:
-        """Run ``engine_kwargs`` for ``trial`` in ``slot`` (see :func:`measure`)."""
+        """Run ``engine_kwargs`` for ``trial`` in ``slot`` (see :func:`measure`), under the quality
+        guard when it is on.
+
+        Raises:
+            Deferred: a lossy config, and the baseline's probe to judge it by does not exist yet.
+        """
         budget = self.settings.quality_budget if self.quality_guard else None
-        probe, ref = quality.plan(trial, wait_s=self.timeout_s) if budget is not None else (None, None)
+        plan = None
+        lossy = lossy_changes(engine_kwargs, self.settings.fixed)
+        if budget is not None:
+            plan = quality.plan(trial, self.study_dir, wait_s=self.timeout_s, max_len=self.probe_max_len)
+            if plan.pending and lossy:
+                self._defer(trial, lossy)
         spec = trial_spec(
             self.settings,
             engine_kwargs,
@@ -121,17 +155,35 @@ class Measuring:
             timeout_s=self.timeout_s,
             requests_file=self.requests_file,
             env=self.env,
-            probe=probe,
+            probe=plan.probe if plan is not None else None,
         )
-        result = measure(trial, spec, self.on_phase)
-        if budget is None or TrialRecord.of(trial).role is Role.BASELINE:
+        if plan is None or budget is None:
+            return measure(trial, spec, self.on_phase, warm=self.warm)
+        if TrialRecord.of(trial).role is Role.BASELINE:
+            result = measure(trial, spec, self.on_phase, warm=self.warm)
+            if result.outcome is Outcome.SUCCESS and not quality.publish(
+                trial.study, trial.number, trial_dir / PROBE_FILE
+            ):
+                _logger.warning(
+                    "the baseline wrote no quality probe (%s): a config that changes outputs "
+                    "cannot be judged in this study and is pruned",
+                    result.quality.get("probe_error") or f"see {result.log}",
+                )
             return result
-        judged = quality.judge(result, ref, budget, lossy_changes(engine_kwargs, self.settings.fixed))
-        if judged != result:
-            fields = ("outcome", "error_type", "error", "quality")
-            TrialRecord(**{f: getattr(judged, f) for f in fields}).write(trial)
-            judged.write_json(trial_dir / "result.json")
-        return judged
+        return measure(
+            trial, spec, self.on_phase, lambda r: quality.judge(r, plan, budget, lossy), warm=self.warm
+        )
+
+    @staticmethod
+    def _defer(trial: optuna.Trial, lossy: list[str]) -> None:
+        mark(
+            trial,
+            Outcome.DEFERRED,
+            f"{', '.join(lossy)} changes outputs, and the baseline's probe to judge it by does not "
+            "exist yet: queued again, to run once the baseline has finished",
+        )
+        queue_retry(trial.study, trial, quality.AWAITING_BASELINE)
+        raise Deferred(f"trial #{trial.number} waits for the baseline")
 
 
 def start(trial: optuna.Trial, trial_dir: Path, engine_kwargs: dict[str, Any]) -> None:

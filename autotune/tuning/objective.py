@@ -48,6 +48,10 @@ class Objective(Measuring):
     _cold_retries: int = field(default=0, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.probe_max_len is None:
+            self.probe_max_len = self.space.smallest("max_model_len")
+
     def config_for(self, trial: optuna.Trial) -> dict[str, Any]:
         """The engine args this trial runs with (the fixed ones included)."""
         record = TrialRecord.of(trial)
@@ -75,9 +79,11 @@ class Objective(Measuring):
             raise optuna.TrialPruned("constraint: " + "; ".join(reasons))
         if not TrialRecord.of(trial).queued and (earlier := find_duplicate(trial.study, engine_kwargs)):
             # the sampler proposed a config measured already (discrete spaces late in a study):
-            # answer with that measurement, as Optuna's FAQ advises, instead of a GPU trial
+            # answer with that measurement, as Optuna's FAQ advises, instead of a GPU trial; one
+            # that could not be used (out of memory, invalid, over the quality budget) is pruned again
             TrialRecord(outcome=Outcome.DUPLICATE, duplicate_of=earlier.number).write(trial)
-            assert earlier.value is not None
+            if earlier.value is None:
+                raise optuna.TrialPruned(f"same config as trial #{earlier.number}, which was pruned")
             return earlier.value
         if self.budget is not None and over_budget(trial.study, trial, self.budget):
             self._give_back(trial)

@@ -15,7 +15,7 @@ from autotune._logging import get_logger
 from autotune.study.budget import counted_trials
 from autotune.study.trials import baseline_value, best_or_none
 from autotune.trial.outcome import error_summary
-from autotune.trial.record import Role, TrialRecord
+from autotune.trial.record import Outcome, Role, TrialRecord
 
 _logger = get_logger(__name__)
 
@@ -123,8 +123,10 @@ class Progress:
     def _after(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         self._running.pop(trial.number, None)
         record = TrialRecord.of(trial)
-        if record.over_budget:
-            _logger.debug("trial #%d not run: %s", trial.number, record.error)
+        if record.set_aside:
+            (_logger.info if record.outcome is Outcome.DEFERRED else _logger.debug)(
+                "trial #%d not run: %s", trial.number, record.error
+            )
             return
         if record.duplicate_of is not None:
             _logger.info(

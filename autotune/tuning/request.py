@@ -39,3 +39,6 @@ class RunRequest:
     quality_budget: float | None = None
     #: ``--no-quality-check``: a new study measures speed only (dummy weights)
     quality_check: bool = True
+    #: fork trials from a warm worker that imported vLLM once (``--cold-workers``: each trial a
+    #: fresh interpreter)
+    warm_workers: bool = True

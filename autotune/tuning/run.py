@@ -28,6 +28,7 @@ from autotune.study.recovery import (
 )
 from autotune.study.storage import GRACE_HEARTBEATS, redact
 from autotune.study.trials import baseline_failure_message, failed_baseline, summary
+from autotune.trial.forkserver import WarmWorkers
 from autotune.trial.process import stop_requests
 from autotune.trial.record import TrialRecord
 from autotune.trial.workload import WorkloadSpec
@@ -52,12 +53,12 @@ def run_study(req: RunRequest) -> dict[str, Any]:
             f"--studies-dir {req.studies_dir}: cannot create it ({e.strerror or e}); "
             "choose a writable directory"
         ) from None
-    with _lock(inputs):
+    with _lock(inputs), _warm_workers(req) as warm:
         session = open_session(req, inputs)
-        finished = req.validate_only or optimize(req, inputs, session)
+        finished = req.validate_only or optimize(req, inputs, session, warm)
         verdict = None
         if finished and req.validate_rounds > 0:
-            verdict = validate_session(req, inputs, session)
+            verdict = validate_session(req, inputs, session, warm)
         elif req.validate_rounds > 0:
             _logger.info("the search is not finished: no validation yet (the same command resumes both)")
         out = summary(session.study)
@@ -81,7 +82,18 @@ def _previous(study: optuna.Study) -> dict[str, Any]:
     return verdict.to_dict() if verdict is not None else {"status": "not validated"}
 
 
-def _measuring(req: RunRequest, inputs: RunInputs, s: Session) -> dict[str, Any]:
+@contextlib.contextmanager
+def _warm_workers(req: RunRequest) -> Iterator[WarmWorkers | None]:
+    """The run's warm workers (their logs in the studies dir), ended with the run."""
+    warm = WarmWorkers(req.studies_dir) if req.warm_workers else None
+    try:
+        yield warm
+    finally:
+        if warm is not None:
+            warm.close()
+
+
+def _measuring(req: RunRequest, inputs: RunInputs, s: Session, warm: WarmWorkers | None) -> dict[str, Any]:
     """The :class:`~autotune.tuning.measure.Measuring` fields of this run's objectives."""
     return {
         "settings": s.settings,
@@ -90,12 +102,15 @@ def _measuring(req: RunRequest, inputs: RunInputs, s: Session) -> dict[str, Any]
         "pool": inputs.pool,
         "requests_file": s.requests_file,
         "env": req.env,
+        "warm": warm,
     }
 
 
-def validate_session(req: RunRequest, inputs: RunInputs, s: Session) -> Verdict | None:
+def validate_session(
+    req: RunRequest, inputs: RunInputs, s: Session, warm: WarmWorkers | None = None
+) -> Verdict | None:
     """The validation rounds of an open study (see :mod:`autotune.tuning.validate`)."""
-    objective = ValidationObjective(search=s.study, **_measuring(req, inputs, s))
+    objective = ValidationObjective(search=s.study, **_measuring(req, inputs, s, warm))
     stop_requests.reset()
     callbacks = []
     if req.time_budget_s is not None:  # the search's rules, counting nothing but time
@@ -151,7 +166,7 @@ def _announce(inputs: RunInputs, s: Session, counted: int) -> None:
         _logger.info("fixed for every trial: %s", s.space.fixed)
 
 
-def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> bool:
+def optimize(req: RunRequest, inputs: RunInputs, s: Session, warm: WarmWorkers | None = None) -> bool:
     """Run trials until the budget is used up or a stopping rule fires.
 
     Returns:
@@ -194,7 +209,7 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session) -> bool:
         parallel=len(slots),
     )
     objective = Objective(
-        space=s.space, budget=s.total, on_phase=progress.phase, **_measuring(req, inputs, s)
+        space=s.space, budget=s.total, on_phase=progress.phase, **_measuring(req, inputs, s, warm)
     )
     if len(slots) > 1:
         _logger.info("%d trials at a time, on GPUs %s", len(slots), " | ".join(sl.describe() for sl in slots))

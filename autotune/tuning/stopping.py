@@ -92,7 +92,7 @@ class StopRules:
 
     def _check(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> StopReason | None:
         record = TrialRecord.of(trial)
-        if record.over_budget:
+        if record.set_aside:
             return None
         if record.duplicate_of is not None:
             self.consecutive_repeats += 1

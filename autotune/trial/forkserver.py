@@ -1,0 +1,285 @@
+"""A warm worker: one process imports vLLM once, then forks a fresh trial process per trial.
+
+``import vllm`` costs a trial process 16-25 s on the H200 (9 s on 2 CPU cores) before it does
+anything. A fork server pays it once: ``python -m autotune.trial.forkserver`` imports what the
+worker needs (:func:`autotune.trial.worker.preload`; nothing touches CUDA), says it is ready, and
+then, for each trial the tuner asks for, forks a child that starts a session of its own, points
+its stdin/stdout/stderr at the trial's files and runs :func:`autotune.trial.worker.main` on the
+spec. The child is as isolated as a trial started from scratch: a process (group) of its own,
+killed as a group, with a fresh CUDA context (the server never initialises CUDA; vLLM's own
+engine core is forked from the trial the same way). The server keeps nothing of a trial: each
+child starts from the same copy of the server's memory.
+
+The tuner talks to it through one JSON line each way on the server's stdin/stdout:
+
+- the server: ``{"ready": true, "import_s": S}`` once, then per trial ``{"pid": PID}`` (the child,
+  also its process group) and ``{"exit": PID, "returncode": RC}`` (negative: killed by a signal);
+- the tuner: ``{"spec": PATH, "stdout": PATH, "stderr": PATH}``; closing stdin ends the server.
+
+A server serves one GPU slot, one trial at a time, with the environment it was started with
+(``CUDA_VISIBLE_DEVICES`` and the rest): the tuner keeps one per slot (:class:`ForkServer`) and
+starts a new one when a trial's environment differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from autotune._logging import get_logger
+
+_logger = get_logger(__name__)
+#: how long a new server may take to import vLLM before the tuner gives up on it
+START_TIMEOUT_S = 300.0
+
+
+class ServerGone(RuntimeError):
+    """The fork server died or said something unexpected (its log says why)."""
+
+
+# -- the server (its own process) -----------------------------------------------------------------
+
+
+def _child(request: dict[str, Any], channel: int) -> int:
+    """In the forked child: become the trial's worker process."""
+    os.close(channel)  # the server's line to the tuner is not the trial's
+    os.setsid()  # its own session and process group, killed as one
+    fd_in = os.open(os.devnull, os.O_RDONLY)
+    fd_out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd_err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ["AUTOTUNE_PARENT_PID"] = str(os.getppid())  # dies with the server (and its tuner)
+    from autotune.trial import worker
+
+    return worker.main([request["spec"]])
+
+
+def _send(channel: int, **message: Any) -> None:
+    os.write(channel, (json.dumps(message) + "\n").encode())
+
+
+def serve(stdin: IO[str]) -> int:
+    """The server's loop: import, say ready, then fork one child per request until stdin closes.
+
+    Its stdout is the line to the tuner; what vLLM prints (to stdout too) goes to its stderr.
+    """
+    channel = os.dup(1)
+    os.dup2(2, 1)
+    from autotune.trial import worker
+
+    t0 = time.perf_counter()
+    worker.preload()
+    _send(channel, ready=True, import_s=time.perf_counter() - t0, pid=os.getpid())
+    for line in stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        sys.stdout.flush()  # nothing of the server's buffers may end up in a trial's log
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child never returns into this loop
+            code = 1
+            try:
+                code = _child(request, channel)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _send(channel, pid=pid)
+        _, status = os.waitpid(pid, 0)
+        _send(channel, exit=pid, returncode=os.waitstatus_to_exitcode(status))
+    return 0
+
+
+def main() -> int:
+    parent = os.environ.get("AUTOTUNE_PARENT_PID", "")
+    if parent.isdigit():
+        from autotune.trial.worker import watch_parent
+
+        watch_parent(int(parent))
+    return serve(sys.stdin)
+
+
+# -- the tuner's side -----------------------------------------------------------------------------
+
+
+class ForkedTrial:
+    """A trial process forked by a :class:`ForkServer`, waited on like a ``subprocess.Popen``."""
+
+    def __init__(self, server: ForkServer, pid: int, args: list[str]) -> None:
+        self.server, self.pid, self.args = server, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._read(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            self._read(left)
+        return self.returncode
+
+    def _read(self, timeout: float | None) -> None:
+        try:
+            message = self.server.receive(timeout)
+        except ServerGone:
+            # the server died under its child (which then kills its own group): no exit status
+            self.returncode = -9
+            return
+        if message is not None and message.get("exit") == self.pid:
+            self.returncode = int(message["returncode"])
+
+
+class ForkServer:
+    """The tuner's handle on one fork server (one GPU slot's), started on first use.
+
+    Args:
+        env: The environment of every trial it forks (the slot's ``CUDA_VISIBLE_DEVICES`` too).
+        log: Where the server's own stderr goes (its children write to their trial's files).
+    """
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self._proc: subprocess.Popen[str] | None = None
+        self._buffer = ""
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as err:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "autotune.trial.forkserver"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=self.env,
+                text=True,
+                start_new_session=True,  # a terminal's Ctrl-C reaches only the tuner
+            )
+        self._buffer = ""
+        ready = self.receive(START_TIMEOUT_S)
+        if not ready or not ready.get("ready"):
+            self.close()
+            raise ServerGone(
+                f"the fork server did not start within {START_TIMEOUT_S:.0f} s (log: {self.log})"
+            )
+        _logger.info(
+            "warm worker ready: vLLM imported once in %.1f s (pid %s)", ready["import_s"], ready["pid"]
+        )
+
+    def launch(self, spec: Path, stdout: Path, stderr: Path) -> ForkedTrial:
+        """Fork a trial process running ``spec``, its output to ``stdout`` and ``stderr``."""
+        if not self.alive:
+            self.start()
+        assert self._proc is not None and self._proc.stdin is not None
+        request = {"spec": str(spec), "stdout": str(stdout), "stderr": str(stderr)}
+        try:
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError) as e:
+            self.close()
+            raise ServerGone(f"the fork server is gone ({e}; log: {self.log})") from e
+        answer = self.receive(60.0)
+        if not answer or "pid" not in answer:
+            self.close()
+            raise ServerGone(f"the fork server did not fork a trial (log: {self.log})")
+        return ForkedTrial(self, int(answer["pid"]), ["autotune.trial.forkserver", str(spec)])
+
+    def receive(self, timeout: float | None) -> dict[str, Any] | None:
+        """The server's next message, or None when none came within ``timeout`` seconds.
+
+        Raises:
+            ServerGone: it exited.
+        """
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while "\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([fd], [], [], left)
+            if not readable:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self.close()
+                raise ServerGone(f"the fork server exited (log: {self.log})")
+            self._buffer += chunk.decode("utf-8", "replace")
+        line, self._buffer = self._buffer.split("\n", 1)
+        return json.loads(line) if line.strip() else None
+
+    def close(self) -> None:
+        """End the server (closing its stdin ends its loop; a kill if it does not)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class WarmWorkers:
+    """The run's fork servers: one per trial running at once (a GPU slot each), started on
+    first use with that trial's environment, kept while idle for the next trial with the same
+    one, and ended by :meth:`close`.
+
+    Args:
+        log_dir: Where each server's own log goes (``forkserver-N.log``).
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self._idle: list[ForkServer] = []
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def acquire(self, env: dict[str, str]) -> ForkServer:
+        """An idle server started with ``env`` (or a new one, not started yet): the caller's
+        until :meth:`release`."""
+        with self._lock:
+            for server in self._idle:
+                if server.env == env:
+                    self._idle.remove(server)
+                    return server
+            self._count += 1
+            return ForkServer(env, self.log_dir / f"forkserver-{self._count}.log")
+
+    def release(self, server: ForkServer) -> None:
+        with self._lock:
+            stale = [s for s in self._idle if s.env != server.env]  # an environment not used again
+            self._idle = [s for s in self._idle if s.env == server.env] + [server]
+        for s in stale:
+            s.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for server in idle:
+            server.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
