@@ -39,6 +39,7 @@ def _run_request(args: argparse.Namespace, **given: Any) -> Any:
         quality_budget=args.quality_budget,
         quality_check=not args.no_quality_check,
         warm_workers=not args.cold_workers,
+        informed_start=not args.no_informed_start,
         **given,
     )
 

@@ -116,6 +116,12 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "a trial) instead of forking it from a warm worker that imported vLLM once; either way "
         "each trial is a process group of its own with a fresh CUDA context",
     )
+    p.add_argument(
+        "--no-informed-start",
+        action="store_true",
+        help="leave out the configs the baseline informs (the batch its KV cache holds, with and "
+        "without the fp8 KV cache; vLLM's throughput mode), measured right after it by default",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study (default 0)")
     p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")
     p.add_argument("--json", action="store_true", help="end with the run's summary as JSON")

@@ -146,7 +146,9 @@ class _Param(Protocol):
     def records(self, value: Any) -> bool: ...
 
 
-def enqueue_config(study: optuna.Study, config: dict[str, Any], parameters: Sequence[_Param]) -> list[str]:
+def enqueue_config(
+    study: optuna.Study, config: dict[str, Any], parameters: Sequence[_Param], role: Role = Role.ENQUEUED
+) -> list[str]:
     """Queue a config the user wants measured (e.g. a hand-tuned one) as the next trial.
 
     Keys that are searched go in as the trial's params; the rest, and a value outside a
@@ -158,6 +160,6 @@ def enqueue_config(study: optuna.Study, config: dict[str, Any], parameters: Sequ
     by_name = {p.name: p for p in parameters}
     params = {k: v for k, v in config.items() if k in by_name and by_name[k].records(v)}
     outside = [f"{k}={v!r}" for k, v in config.items() if k in by_name and k not in params]
-    attrs = TrialRecord(role=Role.ENQUEUED, config=config).attrs()
+    attrs = TrialRecord(role=role, config=config).attrs()
     study.enqueue_trial(params, user_attrs=attrs, skip_if_exists=False)
     return outside

@@ -56,6 +56,9 @@ class Role(str, enum.Enum):
 
     BASELINE = "baseline"  # vLLM's defaults under the study's fixed args: the reference
     ENQUEUED = "enqueued"  # given by the user (--enqueue), measured exactly as written
+    #: derived from the baseline's measurement before the sampler's first proposal (the batch
+    #: its KV cache holds, vLLM's throughput mode), measured exactly as written
+    INFORMED = "informed"
     SAMPLED = "sampled"  # proposed by the sampler
 
 
@@ -235,7 +238,7 @@ class TrialRecord:
     @property
     def searched_config(self) -> dict[str, Any] | None:
         """What the user enqueued, else None (its params are the sampler's)."""
-        return self.config if self.role is Role.ENQUEUED else None
+        return self.config if self.role in (Role.ENQUEUED, Role.INFORMED) else None
 
     # -- writing ----------------------------------------------------------------------------------
 

@@ -19,11 +19,13 @@ from autotune._logging import get_logger
 from autotune.space.constraints import violations
 from autotune.space.spec import SearchSpace
 from autotune.study.budget import over_budget
+from autotune.study.lifecycle import enqueue_config
 from autotune.study.recovery import queue_back, queue_retry
 from autotune.study.trials import find_duplicate
 from autotune.trial.outcome import engine_start_s
 from autotune.trial.record import Outcome, Role, TrialRecord, mark
 from autotune.trial.runner import write_skipped
+from autotune.tuning.informed import informed_configs
 from autotune.tuning.measure import Measuring, TrialFailed, record_slot, start, value_of
 from autotune.tuning.placement import Slot
 
@@ -43,6 +45,10 @@ class Objective(Measuring):
     space: SearchSpace
     budget: int | None = None
     quality_guard: bool = True
+    #: queue informed start-up configs once the baseline has run (see :mod:`autotune.tuning.informed`)
+    informed_start: bool = True
+    #: the installed vLLM's engine argument names
+    engine_args: frozenset[str] = frozenset()
     # set once a trial of this run got its engine up: vLLM's compile and CUDA-graph caches exist
     _warm: bool = field(default=False, init=False, repr=False)
     _cold_retries: int = field(default=0, init=False, repr=False)
@@ -57,9 +63,9 @@ class Objective(Measuring):
         record = TrialRecord.of(trial)
         if record.role is Role.BASELINE:
             params: dict[str, Any] = {}
-        elif record.role is Role.ENQUEUED:
-            # exactly what the user gave, vLLM's defaults for the rest: a hand-tuned config is
-            # measured as written; its searched keys are recorded as the trial's params
+        elif record.role in (Role.ENQUEUED, Role.INFORMED):
+            # exactly what the user gave (or the baseline informed), vLLM's defaults for the rest:
+            # a hand-tuned config is measured as written; its searched keys are the trial's params
             params = dict(record.config or {})
             for p in self.space.parameters:
                 if p.name in params and p.records(params[p.name]):  # else: as written, unrecorded
@@ -132,8 +138,23 @@ class Objective(Measuring):
         )
         queue_retry(trial.study, trial, COLD_RETRY_REASON)
 
+    def _inform(self, trial: optuna.Trial, result: TrialRecord) -> None:
+        """Queue the informed start-up configs once the baseline has measured (once a study)."""
+        study = trial.study
+        if any(TrialRecord.of(t).role is Role.INFORMED for t in study.get_trials(deepcopy=False)):
+            return
+        for name, config in informed_configs(result, self.space, self.engine_args):
+            enqueue_config(study, config, self.space.parameters, role=Role.INFORMED)
+            _logger.info("queued %s, informed by the baseline: %s", name, config)
+
     def _run(self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
         result = self.measure(trial, engine_kwargs, trial_dir, slot)
+        if (
+            self.informed_start
+            and result.outcome is Outcome.SUCCESS
+            and TrialRecord.of(trial).role is Role.BASELINE
+        ):
+            self._inform(trial, result)
         self._retry_cold(trial, result)
         if "warmup" in result.phases_s:
             self._warm = True

@@ -192,7 +192,7 @@ class Progress:
             f"best {best.value:,.1f} (#{best.number})" if best is not None else "no completed trial yet"
         )
         eta = self._eta(max(0, self.budget - counted))
-        params = record.searched_config if record.role is Role.ENQUEUED else trial.params
+        params = record.searched_config or trial.params
         _logger.info(
             "trial %d/%d [#%d%s] %s | %s | %s | %s | ETA %s",
             counted,

@@ -42,3 +42,6 @@ class RunRequest:
     #: fork trials from a warm worker that imported vLLM once (``--cold-workers``: each trial a
     #: fresh interpreter)
     warm_workers: bool = True
+    #: once the baseline has run, measure the configs it informs first (``--no-informed-start``:
+    #: the sampler's own start-up only)
+    informed_start: bool = True

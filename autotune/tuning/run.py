@@ -209,7 +209,12 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session, warm: WarmWorkers |
         parallel=len(slots),
     )
     objective = Objective(
-        space=s.space, budget=s.total, on_phase=progress.phase, **_measuring(req, inputs, s, warm)
+        space=s.space,
+        budget=s.total,
+        on_phase=progress.phase,
+        informed_start=req.informed_start,
+        engine_args=frozenset(inputs.engine.args),
+        **_measuring(req, inputs, s, warm),
     )
     if len(slots) > 1:
         _logger.info("%d trials at a time, on GPUs %s", len(slots), " | ".join(sl.describe() for sl in slots))

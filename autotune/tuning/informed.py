@@ -1,0 +1,77 @@
+"""Informed start-up configs: what to measure right after the baseline, from what it measured.
+
+A sampler's start-up trials are drawn blind, and on a 20-trial budget they are a third of it. The
+baseline has already said how many of the workload's requests its KV cache holds at once: a
+``max_num_seqs`` above that only queues (vLLM preempts), one far below leaves the GPU waiting
+between steps, and on the H200 the best configs of every study sat near it. So once the baseline
+has run, these are queued (behind the user's own ``--enqueue`` configs), each only with the
+arguments the space searches or the installed vLLM has:
+
+1. **kv-fit**: ``max_num_seqs`` = the baseline's KV cache tokens / tokens per request (prompt and
+   output: what a request holds at its end), with asynchronous scheduling;
+2. **kv-fit-fp8**: the same with the fp8 KV cache, which holds twice the tokens, and twice the
+   batch (lossy: judged by the quality guard like any other);
+3. **throughput-mode**: vLLM's own ``performance_mode=throughput`` (twice its default batch and
+   batched tokens).
+
+The sampler sees their params like any trial's; TPE's start-up then has measured points to
+start from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from typing import Any
+
+from autotune.space.spec import ParamSpec, SearchSpace
+from autotune.trial.record import TrialRecord
+
+
+def _fit(p: ParamSpec, value: Any) -> Any | None:
+    """``value`` as parameter ``p`` can take it (an int clipped to its range), else None."""
+    if p.type == "int" and p.low is not None and p.high is not None:
+        return int(min(max(int(value), int(p.low)), int(p.high)))
+    return value if p.records(value) else None
+
+
+def informed_configs(
+    baseline: TrialRecord, space: SearchSpace, engine_args: Container[str]
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, config)`` pairs to measure after ``baseline`` (see the module's docstring)."""
+    params = {p.name: p for p in space.parameters}
+    metrics = baseline.metrics
+    kv_tokens = metrics.get("kv_cache_tokens")
+    requests = metrics.get("num_requests") or 0
+    per_request = (
+        (metrics.get("prompt_tokens", 0) + metrics.get("output_tokens", 0)) / requests if requests else 0
+    )
+
+    def searched(config: dict[str, Any]) -> dict[str, Any] | None:
+        out = {}
+        for name, value in config.items():
+            if name not in params:
+                continue
+            fitted = _fit(params[name], value)
+            if fitted is None:
+                return None
+            out[name] = fitted
+        return out or None
+
+    out: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(kv_tokens, (int, float)) and kv_tokens > 0 and per_request > 0:
+        batch = max(1, int(kv_tokens // per_request))
+        fit = searched({"max_num_seqs": batch, "async_scheduling": True})
+        if fit and "max_num_seqs" in fit:
+            out.append(("kv-fit", fit))
+        fp8 = searched({"kv_cache_dtype": "fp8", "max_num_seqs": 2 * batch, "async_scheduling": True})
+        if fp8 and "kv_cache_dtype" in fp8:
+            out.append(("kv-fit-fp8", fp8))
+    if "performance_mode" in engine_args and "performance_mode" not in space.fixed:
+        out.append(("throughput-mode", {"performance_mode": "throughput"}))
+    seen: list[dict[str, Any]] = []
+    unique = []
+    for name, config in out:
+        if config not in seen:
+            seen.append(config)
+            unique.append((name, config))
+    return unique

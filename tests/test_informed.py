@@ -1,0 +1,69 @@
+"""The start-up configs the baseline informs: the batch its KV cache holds, fp8, throughput mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from autotune.space.load import load_space
+from autotune.trial.record import Outcome, Role, TrialRecord
+from autotune.tuning.informed import informed_configs
+from tests.helpers import objective_for
+
+#: what a 7B baseline measured on the H200 (workload (a): 1000 requests of 256 + 256 tokens)
+H200_7B = TrialRecord(
+    Outcome.SUCCESS,
+    {
+        "output_tokens_per_s": 8424.0,
+        "kv_cache_tokens": 234_000,
+        "num_requests": 1000,
+        "prompt_tokens": 256_000,
+        "output_tokens": 256_000,
+    },
+)
+
+
+def test_the_batch_the_kv_cache_holds_with_and_without_fp8(engine) -> None:
+    space = load_space("throughput", engine, gpus=1)
+    configs = dict(informed_configs(H200_7B, space, engine.args))
+    assert configs["kv-fit"] == {"max_num_seqs": 457, "async_scheduling": True}
+    assert configs["kv-fit-fp8"] == {"kv_cache_dtype": "fp8", "max_num_seqs": 914, "async_scheduling": True}
+    assert ("throughput-mode" in configs) == ("performance_mode" in engine.args)
+
+
+def test_values_stay_inside_the_space(engine) -> None:
+    space = load_space("cpu", engine, gpus=1)  # max_num_seqs 16..1024, no kv_cache_dtype, no async
+    huge = TrialRecord(Outcome.SUCCESS, {**H200_7B.metrics, "kv_cache_tokens": 10**8})
+    configs = dict(informed_configs(huge, space, engine.args))
+    assert configs["kv-fit"] == {"max_num_seqs": 1024}
+    assert "kv-fit-fp8" not in configs
+    assert informed_configs(TrialRecord(Outcome.SUCCESS, {}), space, ()) == []  # nothing measured
+
+
+def test_they_run_right_after_the_baseline_behind_the_users_own(engine, tmp_path: Path, monkeypatch) -> None:
+    space = load_space("throughput", engine, gpus=1)
+
+    def run_trial(spec):
+        return TrialRecord(Outcome.SUCCESS, dict(H200_7B.metrics), trial_dir=str(spec.trial_dir))
+
+    monkeypatch.setattr("autotune.tuning.measure.run_trial", run_trial)
+    objective = objective_for(space, tmp_path, engine_args=frozenset(engine.args))
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({}, user_attrs=TrialRecord(role=Role.BASELINE).attrs())
+    mine = {"max_num_seqs": 300}
+    study.enqueue_trial(mine, user_attrs=TrialRecord(role=Role.ENQUEUED, config=mine).attrs())
+    study.optimize(objective, n_trials=4)
+    roles = [TrialRecord.of(t).role for t in study.trials[:4]]
+    assert roles == [Role.BASELINE, Role.ENQUEUED, Role.INFORMED, Role.INFORMED]
+    assert study.trials[2].params["max_num_seqs"] == 457  # recorded: the sampler learns from it
+    assert TrialRecord.of(study.trials[3]).config == {
+        "kv_cache_dtype": "fp8",
+        "max_num_seqs": 914,
+        "async_scheduling": True,
+    }
+    # a resumed study's baseline does not queue them twice
+    objective._inform(optuna.Trial(study, study.trials[0]._trial_id), H200_7B)
+    assert sum(TrialRecord.of(t).role is Role.INFORMED for t in study.get_trials()) == 2 + (
+        "performance_mode" in engine.args
+    )
