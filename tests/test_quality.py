@@ -353,3 +353,52 @@ def test_a_config_pruned_for_quality_is_not_run_again(tmp_path: Path) -> None:
     study.tell(skip, state=optuna.trial.TrialState.PRUNED)
     assert find_duplicate(study, kwargs) is not None and find_duplicate(study, kwargs).number == 0
     assert find_duplicate(study, {"model": "m"}) is None  # a constraint's skip is no measurement
+
+
+def test_the_reference_is_stored_in_pieces_any_storage_takes(tmp_path: Path, monkeypatch) -> None:
+    """A study user attribute is a TEXT column (64 KiB on MySQL): the probe goes in pieces."""
+    import optuna
+
+    from autotune.study import reference
+
+    monkeypatch.setattr(reference, "CHUNK", 100)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/s.db", study_name="s")
+    probe = _probe([{t: 1.0 / (t + 2) for t in range(20)} for _ in range(8)])
+    probe["sequences"][0]["text"] = "for people only"
+    reference.store_reference(study, 0, probe)
+    assert sum(k.startswith(reference.REFERENCE_ATTR + "_0_") for k in study.user_attrs) > 3
+    again = reference.stored_reference(
+        optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/s.db")
+    )
+    assert again is not None and again.trial == 0
+    assert again.probe["sequences"][0]["top"] == probe["sequences"][0]["top"]
+    assert "text" not in again.probe["sequences"][0]
+
+
+def test_a_failed_baseline_leaves_nothing_pending_and_lossy_configs_unrun(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A baseline that failed for good (out of memory) never writes a probe: waiting for it
+    would defer lossy configs forever; they are skipped unlaunched, uncounted, saying why."""
+    import optuna
+
+    from autotune.trial.record import Role
+    from autotune.tuning import quality
+    from autotune.tuning.measure import TrialFailed
+
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({}, user_attrs=TrialRecord(role=Role.BASELINE).attrs())
+    base = study.ask()
+    TrialRecord(outcome=Outcome.OOM, error_type="oom", error="CUDA out of memory").write(base)
+    study.tell(base, state=optuna.trial.TrialState.PRUNED)
+    plan = quality.plan(study.ask(), tmp_path, wait_s=0)
+    assert not plan.pending and plan.missing == "the study's baseline did not complete"
+
+    objective, ran, run_trial = _guarded_objective(tmp_path, {})
+    monkeypatch.setattr("autotune.tuning.measure.run_trial", run_trial)
+    config = {"kv_cache_dtype": "fp8", "max_model_len": 4096}
+    study.enqueue_trial(config, user_attrs=TrialRecord(role=Role.ENQUEUED, config=config).attrs())
+    study.optimize(objective, n_trials=1, catch=(TrialFailed,))
+    record = TrialRecord.of(study.trials[-1])
+    assert study.trials[-1].state is optuna.trial.TrialState.PRUNED and not ran
+    assert record.skipped and not record.counted and "no reference probe exists" in str(record.error)

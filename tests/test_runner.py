@@ -124,3 +124,33 @@ def test_a_warm_worker_forks_each_trial_a_fresh_isolated_process(tmp_path: Path,
     assert group_members(first.pid) == group_members(second.pid) == []
     assert server_pid is not None and not os.path.exists(f"/proc/{server_pid}")  # ended with the run
     assert (tmp_path / "forkserver-1.log").is_file()
+
+
+def test_a_warm_worker_dying_under_a_trial_is_not_the_configs_failure(tmp_path: Path, tiny_model: Path):
+    """The fork server killed mid-trial: the trial (its whole group) ends, is recorded as
+    interrupted (uncounted; its config runs again), and the run goes on without warm workers."""
+    import os
+    import signal
+    import threading
+    import time
+
+    workers = WarmWorkers(tmp_path)
+    spec = _endless_spec(tmp_path, tiny_model, timeout_s=300)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(run_trial(spec, warm=workers)))
+    thread.start()
+    log = spec.trial_dir / "stdout.log"
+    deadline = time.monotonic() + 180
+    while not (log.is_file() and '"phase": "generate"' in log.read_text(errors="replace")):
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.2)
+    pgid = worker_pid(spec.trial_dir)
+    server = int(Path(f"/proc/{pgid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(server, signal.SIGKILL)
+    thread.join(timeout=60)
+    workers.close()
+    assert not thread.is_alive()
+    (result,) = results
+    assert result.outcome is Outcome.INTERRUPTED and "warm worker" in (result.error or "")
+    assert group_members(pgid) == []
+    assert workers.broken is not None and workers.acquire({}) is None  # the rest: from scratch

@@ -50,14 +50,20 @@ def find_duplicate(study: optuna.Study, engine_kwargs: dict[str, Any]) -> optuna
     Engine args, not params: an enqueued config may set args the space does not search. A
     constraint's skip is cheap to repeat and no measurement, so it does not count.
     """
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    for t in study.get_trials(deepcopy=False, states=states):
-        record = TrialRecord.of(t)
-        if record.duplicate_of is not None or record.engine_kwargs != engine_kwargs:
-            continue
+    same = [
+        t
+        for t in study.get_trials(
+            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        )
+        if TrialRecord.of(t).duplicate_of is None and TrialRecord.of(t).engine_kwargs == engine_kwargs
+    ]
+    # a measurement first: a config that ran out of memory once and completed later is usable
+    for t in same:
         if t.state is optuna.trial.TrialState.COMPLETE and t.value is not None:
             return t
-        if t.state is optuna.trial.TrialState.PRUNED and record.outcome in INFEASIBLE and not record.skipped:
+    for t in same:
+        record = TrialRecord.of(t)
+        if record.outcome in INFEASIBLE and not record.skipped:
             return t
     return None
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from autotune._logging import get_logger
+from autotune.trial.process import stop_requests
 
 _logger = get_logger(__name__)
 #: how long a new server may take to import vLLM before the tuner gives up on it
@@ -47,17 +48,21 @@ class ServerGone(RuntimeError):
 # -- the server (its own process) -----------------------------------------------------------------
 
 
-def _child(request: dict[str, Any], channel: int) -> int:
+def _child(request: dict[str, Any], channel: int, server: int, started: int) -> int:
     """In the forked child: become the trial's worker process."""
     os.close(channel)  # the server's line to the tuner is not the trial's
     os.setsid()  # its own session and process group, killed as one
+    os.write(started, b"1")  # the server names this PID only now: a group exists to kill
+    os.close(started)
+    if os.getppid() != server:  # the server died while forking: nobody would supervise this trial
+        return 1
     fd_in = os.open(os.devnull, os.O_RDONLY)
     fd_out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     fd_err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     for fd, target in ((fd_in, 0), (fd_out, 1), (fd_err, 2)):
         os.dup2(fd, target)
         os.close(fd)
-    os.environ["AUTOTUNE_PARENT_PID"] = str(os.getppid())  # dies with the server (and its tuner)
+    os.environ["AUTOTUNE_PARENT_PID"] = str(server)  # dies with the server (and its tuner)
     from autotune.trial import worker
 
     return worker.main([request["spec"]])
@@ -78,22 +83,31 @@ def serve(stdin: IO[str]) -> int:
 
     t0 = time.perf_counter()
     worker.preload()
-    _send(channel, ready=True, import_s=time.perf_counter() - t0, pid=os.getpid())
+    if worker.device_initialised():  # a forked trial could not start the GPU: refuse to serve
+        _send(channel, ready=False, error="importing vLLM initialised the GPU (CUDA) in the fork server")
+        return 1
+    server = os.getpid()
+    _send(channel, ready=True, import_s=time.perf_counter() - t0, pid=server)
     for line in stdin:
         if not line.strip():
             continue
         request = json.loads(line)
         sys.stdout.flush()  # nothing of the server's buffers may end up in a trial's log
         sys.stderr.flush()
+        wait_r, wait_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child never returns into this loop
             code = 1
             try:
-                code = _child(request, channel)
+                os.close(wait_r)
+                code = _child(request, channel, server, wait_w)
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
+        os.close(wait_w)
+        os.read(wait_r, 1)  # its session exists (or it died: end of file)
+        os.close(wait_r)
         _send(channel, pid=pid)
         _, status = os.waitpid(pid, 0)
         _send(channel, exit=pid, returncode=os.waitstatus_to_exitcode(status))
@@ -118,6 +132,9 @@ class ForkedTrial:
     def __init__(self, server: ForkServer, pid: int, args: list[str]) -> None:
         self.server, self.pid, self.args = server, pid, args
         self.returncode: int | None = None
+        #: the server died under this trial: its exit status is unknown, and the trial never
+        #: failed by itself (its process group dies with the server: the worker watches it)
+        self.server_gone = False
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -127,17 +144,20 @@ class ForkedTrial:
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+            if left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
             self._read(left)
+            if self.returncode is None and not os.path.exists(f"/proc/{self.pid}"):
+                # gone and reaped, its exit message never read (an interrupt cut the read short)
+                self.returncode = -9
         return self.returncode
 
     def _read(self, timeout: float | None) -> None:
         try:
             message = self.server.receive(timeout)
         except ServerGone:
-            # the server died under its child (which then kills its own group): no exit status
+            self.server_gone = True
             self.returncode = -9
             return
         if message is not None and message.get("exit") == self.pid:
@@ -174,12 +194,17 @@ class ForkServer:
                 start_new_session=True,  # a terminal's Ctrl-C reaches only the tuner
             )
         self._buffer = ""
-        ready = self.receive(START_TIMEOUT_S)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        ready = None
+        while ready is None and time.monotonic() < deadline:
+            if stop_requests.count:  # Ctrl-C while vLLM is imported: no trial was started yet
+                self.close()
+                raise KeyboardInterrupt
+            ready = self.receive(0.5)
         if not ready or not ready.get("ready"):
             self.close()
-            raise ServerGone(
-                f"the fork server did not start within {START_TIMEOUT_S:.0f} s (log: {self.log})"
-            )
+            why = (ready or {}).get("error") or f"it did not start within {START_TIMEOUT_S:.0f} s"
+            raise ServerGone(f"the fork server failed: {why} (log: {self.log})")
         _logger.info(
             "warm worker ready: vLLM imported once in %.1f s (pid %s)", ready["import_s"], ready["pid"]
         )
@@ -222,7 +247,13 @@ class ForkServer:
                 raise ServerGone(f"the fork server exited (log: {self.log})")
             self._buffer += chunk.decode("utf-8", "replace")
         line, self._buffer = self._buffer.split("\n", 1)
-        return json.loads(line) if line.strip() else None
+        try:
+            return json.loads(line) if line.strip() else None
+        except ValueError as e:
+            self.close()
+            raise ServerGone(
+                f"the fork server said something unexpected ({line[:200]!r}; log: {self.log})"
+            ) from e
 
     def close(self) -> None:
         """End the server (closing its stdin ends its loop; a kill if it does not)."""
@@ -255,10 +286,19 @@ class WarmWorkers:
         self._idle: list[ForkServer] = []
         self._count = 0
         self._lock = threading.Lock()
+        #: a server failed: the rest of the run starts trials from scratch (no retry per trial)
+        self.broken: str | None = None
 
-    def acquire(self, env: dict[str, str]) -> ForkServer:
+    def disable(self, why: str) -> None:
+        if self.broken is None:
+            _logger.warning("warm workers off for the rest of this run: %s; trials start from scratch", why)
+        self.broken = why
+
+    def acquire(self, env: dict[str, str]) -> ForkServer | None:
         """An idle server started with ``env`` (or a new one, not started yet): the caller's
-        until :meth:`release`."""
+        until :meth:`release`; None once warm workers failed in this run."""
+        if self.broken is not None:
+            return None
         with self._lock:
             for server in self._idle:
                 if server.env == env:
@@ -268,11 +308,13 @@ class WarmWorkers:
             return ForkServer(env, self.log_dir / f"forkserver-{self._count}.log")
 
     def release(self, server: ForkServer) -> None:
+        """Keep ``server`` for the next trial with its environment (one per GPU slot: their
+        environments differ in ``CUDA_VISIBLE_DEVICES``), or end it if it failed."""
+        if not server.alive:
+            server.close()
+            return
         with self._lock:
-            stale = [s for s in self._idle if s.env != server.env]  # an environment not used again
-            self._idle = [s for s in self._idle if s.env == server.env] + [server]
-        for s in stale:
-            s.close()
+            self._idle.append(server)
 
     def close(self) -> None:
         with self._lock:

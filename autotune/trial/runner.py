@@ -88,15 +88,20 @@ class _PhaseWatch:
 
 
 def _launch(
-    spec_path: Path, out_path: Path, err_path: Path, env: dict[str, str], server: ForkServer | None
+    spec_path: Path,
+    out_path: Path,
+    err_path: Path,
+    env: dict[str, str],
+    server: ForkServer | None,
+    warm: WarmWorkers | None,
 ) -> TrialProcess:
     """Start the trial's worker process: forked by a warm worker, or from scratch (without one,
     or when it fails: a trial never fails for the warm worker's sake)."""
-    if server is not None:
+    if server is not None and warm is not None:
         try:
             return server.launch(spec_path, out_path, err_path)
         except ServerGone as e:
-            _logger.warning("%s; this trial starts from scratch", e)
+            warm.disable(str(e))
     with out_path.open("wb") as out, err_path.open("wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "autotune.trial.worker", str(spec_path)],
@@ -130,12 +135,12 @@ def run_trial(
     wait_for_idle_gpus(spec.device_ids, should_stop=lambda: stop_requests.count > 0)
     if stop_requests.count:  # Ctrl-C while this thread was between trials: start nothing
         raise KeyboardInterrupt
-    sampler = GpuSampler(spec.device_ids).start()
     started = time.time()
     timed_out = False
     server = warm.acquire(env) if warm is not None else None
     try:
-        proc = _launch(spec_path, out_path, err_path, env, server)
+        proc = _launch(spec_path, out_path, err_path, env, server, warm)
+        sampler = GpuSampler(spec.device_ids).start()
         tick = _PhaseWatch(out_path, proc.pid, on_phase) if on_phase is not None else None
         try:
             wait(proc, spec.timeout_s, stop_at=1, tick=tick)
@@ -164,6 +169,15 @@ def run_trial(
         events=events,
         stderr_tail=_tail(err_path) + "\n" + _tail(out_path, 16 * 1024),
     )
+    if getattr(proc, "server_gone", False) and outcome is not Outcome.SUCCESS:
+        # the warm worker died under the trial (and took it along): not the config's failure
+        assert warm is not None
+        warm.disable("a warm worker died during a trial")
+        outcome, error_type, error = (
+            Outcome.INTERRUPTED,
+            Outcome.INTERRUPTED.value,
+            "the warm worker this trial was forked from died under it; its config runs again",
+        )
     if "exit_after_result" in metrics:
         _logger.warning(
             "%s: the worker reported its measurement, then %s; the measurement stands (log: %s)",

@@ -279,7 +279,9 @@ def _probe(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any) 
     sequences = []
     for (n, ids), out in zip(seqs, scored, strict=True):
         top = [
-            {str(t): float(lp.logprob) for t, lp in (pos or {}).items()} for pos in out.prompt_logprobs[n:]
+            # 1e-5 nats: far below any drift that matters, and the study stores the reference
+            {str(t): round(float(lp.logprob), 5) for t, lp in (pos or {}).items()}
+            for pos in out.prompt_logprobs[n:]
         ]
         text = tokenizer.decode(ids[n:]) if tokenizer is not None else None
         sequences.append({"prompt_len": n, "token_ids": ids, "top": top, "text": text})
@@ -293,6 +295,13 @@ def preload() -> None:
     from vllm import LLM, SamplingParams  # noqa: F401
     from vllm.engine.arg_utils import EngineArgs  # noqa: F401
     from vllm.usage.usage_lib import UsageContext  # noqa: F401
+
+
+def device_initialised() -> bool:
+    """Whether this process has initialised CUDA (a fork of it could not use the GPU); torch
+    is vLLM's, imported by :func:`preload`."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
 
 
 def run(spec: dict[str, Any]) -> int:

@@ -18,8 +18,8 @@ from autotune.study.recovery import queue_retry
 from autotune.study.settings import StudySettings
 from autotune.trial.forkserver import WarmWorkers
 from autotune.trial.probe import PROBE_FILE
-from autotune.trial.record import INFEASIBLE, Outcome, Role, TrialRecord, mark
-from autotune.trial.runner import run_trial
+from autotune.trial.record import CONSTRAINT, INFEASIBLE, Outcome, Role, TrialRecord, mark
+from autotune.trial.runner import claim_dir, run_trial
 from autotune.trial.spec import TrialSpec
 from autotune.tuning import quality
 from autotune.tuning.placement import Slot, SlotPool
@@ -87,6 +87,8 @@ def measure(
     finally:
         if on_phase is not None:
             on_phase(trial.number, None)
+    if result.outcome is Outcome.INTERRUPTED:  # cut off by no fault of its own (its warm worker died)
+        queue_retry(trial.study, trial, result.error or Outcome.INTERRUPTED.value)
     if judge is not None:
         judged = judge(result)
         if judged != result:
@@ -147,6 +149,8 @@ class Measuring:
             plan = quality.plan(trial, self.study_dir, wait_s=self.timeout_s, max_len=self.probe_max_len)
             if plan.pending and lossy:
                 self._defer(trial, lossy)
+            if plan.reference_path is None and plan.probe is None and lossy:
+                self._refuse(trial, trial_dir, engine_kwargs, lossy, plan.missing)
         spec = trial_spec(
             self.settings,
             engine_kwargs,
@@ -173,6 +177,25 @@ class Measuring:
         return measure(
             trial, spec, self.on_phase, lambda r: quality.judge(r, plan, budget, lossy), warm=self.warm
         )
+
+    @staticmethod
+    def _refuse(
+        trial: optuna.Trial, trial_dir: Path, engine_kwargs: dict[str, Any], lossy: list[str], why: str | None
+    ) -> None:
+        """A lossy config that could never be judged (no reference probe will exist): pruned
+        unlaunched, uncounted, like a constraint's skip."""
+        claim_dir(trial_dir)
+        record = TrialRecord(
+            outcome=Outcome.QUALITY,
+            error_type=CONSTRAINT,
+            error=f"{', '.join(lossy)} changes the model's outputs, and no reference probe exists to "
+            f"judge it by: {why}; not run",
+            engine_kwargs=engine_kwargs,
+            trial_dir=str(trial_dir),
+        )
+        record.write_json(trial_dir / "result.json")
+        dataclasses.replace(record, trial_dir=None, engine_kwargs=None).write(trial)
+        raise optuna.TrialPruned(f"quality: {record.error}")
 
     @staticmethod
     def _defer(trial: optuna.Trial, lossy: list[str]) -> None:

@@ -82,11 +82,15 @@ def _stored(study: optuna.Study) -> StoredReference | None:
     return stored_reference(study)
 
 
-def _baseline_running(study: optuna.Study) -> bool:
-    return any(
-        TrialRecord.of(t).role is Role.BASELINE
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    )
+def _baseline_states(study: optuna.Study) -> set[optuna.trial.TrialState]:
+    """The states of the baseline's trials that have not finished: RUNNING (here or in another
+    worker) and WAITING (queued, or queued again after a cold timeout or a crash)."""
+    unfinished = (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+    return {
+        t.state
+        for t in study.get_trials(deepcopy=False, states=unfinished)
+        if TrialRecord.of(t).role is Role.BASELINE
+    }
 
 
 def plan(trial: optuna.Trial, study_dir: Path, wait_s: float, max_len: int | None = None) -> Plan:
@@ -113,7 +117,10 @@ def plan(trial: optuna.Trial, study_dir: Path, wait_s: float, max_len: int | Non
             record = TrialRecord.of(base)
             cause = record.quality.get("probe_error") or f"see {record.log or 'its log'}"
             return Plan(None, missing=f"the baseline (trial #{base.number}) wrote no probe ({cause})")
-        if not _baseline_running(study) or time.monotonic() >= deadline:
+        states = _baseline_states(study)
+        if not states:  # it failed and will not run again (the run stops for that), or there is none
+            return Plan(None, missing="the study's baseline did not complete")
+        if optuna.trial.TrialState.RUNNING not in states or time.monotonic() >= deadline:
             return Plan(None, missing="the baseline has not finished yet", pending=True)
         time.sleep(2.0)
 

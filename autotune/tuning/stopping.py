@@ -93,7 +93,8 @@ class StopRules:
     def _check(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> StopReason | None:
         record = TrialRecord.of(trial)
         if record.set_aside:
-            return None
+            # a worker that did not run the baseline learns here that it failed for good
+            return StopReason.BASELINE if failed_baseline(study) is not None else None
         if record.duplicate_of is not None:
             self.consecutive_repeats += 1
             if self.consecutive_repeats < self.max_consecutive_repeats:
@@ -106,6 +107,8 @@ class StopRules:
             return StopReason.REPEATS
         self.consecutive_repeats = 0
         if record.skipped:
+            if failed_baseline(study) is not None:
+                return StopReason.BASELINE
             self.consecutive_skips += 1
             return StopReason.SKIPS if self.consecutive_skips >= self.max_consecutive_skips else None
         self.consecutive_skips = 0
