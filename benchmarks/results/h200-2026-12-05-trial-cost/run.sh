@@ -17,7 +17,7 @@ install)
 study)
   budget=$1; shift
   date -u +"study start %FT%TZ"
-  timeout $((budget + 170)) python3 -m autotune run --model /tmp/llama2-7b \
+  timeout $((budget + 120)) python3 -m autotune run --model /tmp/llama2-7b \
     --workload synthetic:count=1000,input_len=256,output_len=256 --study s7b --studies-dir /tmp/st \
     --trials 30 --trial-timeout 300 --set load_format=dummy --set skip_tokenizer_init=true \
     --set dtype=bfloat16 --time-budget $budget --validate-rounds 0 --no-bar "$@" >> $OUT/study.log 2>&1
