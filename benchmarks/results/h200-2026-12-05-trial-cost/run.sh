@@ -16,6 +16,8 @@ install)
   ;;
 study)
   budget=$1; shift
+  # a fresh machine resumes the study from the last call's copy (a machine taken back mid-call)
+  mkdir -p /tmp/st; [ -f /tmp/st/s7b.db ] || [ ! -f "${RESUME:-}" ] || { cp "$RESUME" /tmp/st/s7b.db; echo "resumed from $RESUME"; }
   date -u +"study start %FT%TZ"
   timeout $((budget + 120)) python3 -m autotune run --model /tmp/llama2-7b \
     --workload synthetic:count=1000,input_len=256,output_len=256 --study s7b --studies-dir /tmp/st \
