@@ -23,15 +23,18 @@ starts a new one when a trial's environment differs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from autotune._logging import get_logger
 from autotune.trial.process import stop_requests
@@ -39,6 +42,8 @@ from autotune.trial.process import stop_requests
 _logger = get_logger(__name__)
 #: how long a new server may take to import vLLM before the tuner gives up on it
 START_TIMEOUT_S = 300.0
+#: how often the server looks for its tuner while it waits
+_POLL_S = 0.2
 
 
 class ServerGone(RuntimeError):
@@ -72,8 +77,40 @@ def _send(channel: int, **message: Any) -> None:
     os.write(channel, (json.dumps(message) + "\n").encode())
 
 
-def serve(stdin: IO[str]) -> int:
-    """The server's loop: import, say ready, then fork one child per request until stdin closes.
+def _requests(stdin: int, tuner: int | None) -> Iterator[dict[str, Any]]:
+    """The tuner's requests, one JSON line each, until it closes stdin or is gone."""
+    buffer = b""
+    while True:
+        while b"\n" not in buffer:
+            if tuner is not None and os.getppid() != tuner:
+                return
+            readable, _, _ = select.select([stdin], [], [], _POLL_S)
+            if readable:
+                chunk = os.read(stdin, 65536)
+                if not chunk:
+                    return
+                buffer += chunk
+        line, buffer = buffer.split(b"\n", 1)
+        if line.strip():
+            yield json.loads(line)
+
+
+def _wait_child(pid: int, tuner: int | None) -> int:
+    """The child's exit status; if the tuner dies meanwhile, the child's group goes first."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if tuner is not None and os.getppid() != tuner:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        time.sleep(_POLL_S)
+
+
+def serve(stdin: int, tuner: int | None) -> int:
+    """The server's loop: import, say ready, then fork one child per request until stdin closes
+    or the tuner (PID ``tuner``) is gone. It runs no thread of its own: a fork copies only the
+    forking thread, and one holding a lock elsewhere would leave it held in the child.
 
     Its stdout is the line to the tuner; what vLLM prints (to stdout too) goes to its stderr.
     """
@@ -87,11 +124,10 @@ def serve(stdin: IO[str]) -> int:
         _send(channel, ready=False, error="importing vLLM initialised the GPU (CUDA) in the fork server")
         return 1
     server = os.getpid()
-    _send(channel, ready=True, import_s=time.perf_counter() - t0, pid=server)
-    for line in stdin:
-        if not line.strip():
-            continue
-        request = json.loads(line)
+    _send(
+        channel, ready=True, import_s=time.perf_counter() - t0, pid=server, threads=threading.active_count()
+    )
+    for request in _requests(stdin, tuner):
         sys.stdout.flush()  # nothing of the server's buffers may end up in a trial's log
         sys.stderr.flush()
         wait_r, wait_w = os.pipe()
@@ -109,18 +145,13 @@ def serve(stdin: IO[str]) -> int:
         os.read(wait_r, 1)  # its session exists (or it died: end of file)
         os.close(wait_r)
         _send(channel, pid=pid)
-        _, status = os.waitpid(pid, 0)
-        _send(channel, exit=pid, returncode=os.waitstatus_to_exitcode(status))
+        _send(channel, exit=pid, returncode=_wait_child(pid, tuner))
     return 0
 
 
 def main() -> int:
     parent = os.environ.get("AUTOTUNE_PARENT_PID", "")
-    if parent.isdigit():
-        from autotune.trial.worker import watch_parent
-
-        watch_parent(int(parent))
-    return serve(sys.stdin)
+    return serve(sys.stdin.fileno(), int(parent) if parent.isdigit() else None)
 
 
 # -- the tuner's side -----------------------------------------------------------------------------

@@ -25,7 +25,7 @@ study)
     --set dtype=bfloat16 --time-budget $budget --validate-rounds 0 --no-bar "$@" >> $OUT/study.log 2>&1
   echo "study rc=$?"; date -u +"study end %FT%TZ"
   mkdir -p $OUT/st && cp /tmp/st/s7b.db $OUT/st/ && cp /tmp/st/forkserver-*.log $OUT/st/ 2>/dev/null
-  (cd /tmp/st/s7b && tar czf $OUT/st/trials.tgz */result.json */spec.json */stderr.log 2>/dev/null)
+  (cd /tmp/st/s7b/trials && tar czf $OUT/st/trials.tgz */result.json */spec.json */stderr.log 2>/dev/null)
   grep "\[autotune\]" $OUT/study.log | cut -c1-300 | tail -45
   ;;
 esac
