@@ -42,7 +42,7 @@ def fake_trials(monkeypatch, value=lambda spec: 1.0, sleep_s: float = 0.0) -> li
 
     ran: list = []
 
-    def run_trial(spec):
+    def run_trial(spec, **_):
         time.sleep(sleep_s)
         ran.append(spec)
         return TrialRecord(Outcome.SUCCESS, {"output_tokens_per_s": value(spec)})

@@ -143,7 +143,7 @@ def test_a_first_trial_timed_out_by_a_cold_engine_start_runs_once_more(engine, t
         TrialRecord(Outcome.SUCCESS, {"output_tokens_per_s": 5.0}, wall_s=60.0, phases_s={}),
         _timeout(47.5, 193.5),
     ]
-    monkeypatch.setattr("autotune.tuning.measure.run_trial", lambda spec: results.pop(0))
+    monkeypatch.setattr("autotune.tuning.measure.run_trial", lambda spec, **_: results.pop(0))
     study = _study(tmp_path)
     study.enqueue_trial({}, user_attrs={ROLE_ATTR: "baseline"})
     study.optimize(objective_for(_space(engine), tmp_path), n_trials=3, catch=(Exception,))
@@ -169,7 +169,7 @@ def test_a_cold_retry_is_once_and_only_for_a_timeout_spent_starting(engine, tmp_
     study.tell(cut, state=optuna.trial.TrialState.FAIL)
     # this run: the interrupted retry times out cold (retried), and so does its retry (not again)
     results = [_timeout(47.5, None), _timeout(47.5, None)]
-    monkeypatch.setattr("autotune.tuning.measure.run_trial", lambda spec: results.pop(0))
+    monkeypatch.setattr("autotune.tuning.measure.run_trial", lambda spec, **_: results.pop(0))
     study.optimize(objective_for(_space(engine), tmp_path), n_trials=2, catch=(Exception,))
     _, interrupted_retry, cold_retry = study.trials
     assert interrupted_retry.user_attrs[RETRY_REASON_ATTR] == "interrupted"

@@ -44,7 +44,7 @@ def test_values_stay_inside_the_space(engine) -> None:
 def test_they_run_right_after_the_baseline_behind_the_users_own(engine, tmp_path: Path, monkeypatch) -> None:
     space = load_space("throughput", engine, gpus=1)
 
-    def run_trial(spec):
+    def run_trial(spec, **_):
         return TrialRecord(Outcome.SUCCESS, dict(H200_7B.metrics), trial_dir=str(spec.trial_dir))
 
     monkeypatch.setattr("autotune.tuning.measure.run_trial", run_trial)

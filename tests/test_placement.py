@@ -92,7 +92,7 @@ def test_parallel_trials_each_get_a_slot_of_their_own(engine, tmp_path: Path, mo
     overlaps: list[str] = []
     lock = threading.Lock()
 
-    def fake_run_trial(spec: TrialSpec) -> TrialRecord:
+    def fake_run_trial(spec: TrialSpec, **_: object) -> TrialRecord:
         gpus = spec.env["CUDA_VISIBLE_DEVICES"]
         with lock:
             if gpus in running:

@@ -238,7 +238,7 @@ def _guarded_objective(tmp_path: Path, probes: dict[str, dict], budget: float = 
 
     ran: list[TrialSpec] = []
 
-    def run_trial(spec: TrialSpec) -> TrialRecord:
+    def run_trial(spec: TrialSpec, **_: object) -> TrialRecord:
         ran.append(spec)
         spec.trial_dir.mkdir(parents=True, exist_ok=True)
         key = spec.engine_kwargs.get("kv_cache_dtype", "baseline")

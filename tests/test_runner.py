@@ -154,3 +154,20 @@ def test_a_warm_worker_dying_under_a_trial_is_not_the_configs_failure(tmp_path: 
     assert result.outcome is Outcome.INTERRUPTED and "warm worker" in (result.error or "")
     assert group_members(pgid) == []
     assert workers.broken is not None and workers.acquire({}) is None  # the rest: from scratch
+
+
+def test_a_trial_its_pruner_stops_ends_with_its_partial_figure(tmp_path: Path, tiny_model: Path):
+    """Progress comes from the real LLM.generate (its progress bar's hook); asked to stop, the
+    trial's group is killed there and its record holds how far it got, never a measurement."""
+    progress: list[tuple[float, float]] = []
+    spec = _endless_spec(tmp_path, tiny_model, timeout_s=300)
+    result = run_trial(
+        spec,
+        on_progress=lambda share, rate: progress.append((share, rate)),
+        should_stop=lambda: bool(progress),
+    )
+    assert result.outcome is Outcome.STOPPED and result.error_type == "stopped"
+    assert result.metrics["partial_share"] == progress[0][0] == 0.05
+    assert result.metrics["partial_output_tokens_per_s"] == progress[0][1] > 0
+    assert "output_tokens_per_s" not in result.metrics
+    assert group_members(result.pid or 0) == []

@@ -40,6 +40,7 @@ def _run_request(args: argparse.Namespace, **given: Any) -> Any:
         quality_check=not args.no_quality_check,
         warm_workers=not args.cold_workers,
         informed_start=not args.no_informed_start,
+        early_stop=not args.no_early_stop,
         **given,
     )
 

@@ -117,6 +117,12 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "each trial is a process group of its own with a fresh CUDA context",
     )
     p.add_argument(
+        "--no-early-stop",
+        action="store_true",
+        help="run every trial whole; by default Optuna's percentile pruner stops a sampled trial "
+        "in the bottom quarter of the study's trials at the same share of its requests (from 30 %%)",
+    )
+    p.add_argument(
         "--no-informed-start",
         action="store_true",
         help="leave out the configs the baseline informs (the batch its KV cache holds, with and "

@@ -37,6 +37,14 @@ def make_sampler(
         )
 
 
+def make_pruner() -> optuna.pruners.BasePruner:
+    """Optuna's percentile pruner on the trials' progress (output tok/s at each 5 % of the
+    requests finished): a sampled trial in the bottom quarter at the same share, once 5 trials
+    have completed and 30 % of its requests are done, is stopped there. Queued trials (the
+    baseline, ``--enqueue``, informed, retries) always run whole."""
+    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=5, n_warmup_steps=30, interval_steps=5)
+
+
 def load_existing(name: str, storage: optuna.storages.BaseStorage) -> optuna.Study | None:
     try:
         return optuna.load_study(study_name=name, storage=storage)
@@ -92,7 +100,7 @@ def create_or_resume(
         if settings is not None:
             _check_compatible(name, stored, settings)
         sampler = make_sampler(stored.seed, len(existing.trials), n_startup_trials, worker=worker)
-        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+        study = optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=make_pruner())
         return study, stored, False
     if settings is None:
         raise StudyError(f"study {name!r} does not exist yet; give --model to create it")
@@ -102,6 +110,7 @@ def create_or_resume(
             storage=storage,
             direction="maximize",
             sampler=make_sampler(settings.seed, 0, n_startup_trials, worker=worker),
+            pruner=make_pruner(),
         )
     except optuna.exceptions.DuplicatedStudyError:
         # another worker created it a moment ago: join it once its settings are stored

@@ -6,6 +6,8 @@ is ignored by the parent. Events:
 - ``{"event": "phase", "phase": NAME, "t": UNIX_TIME}`` when a phase starts
   (``import``, ``validate``, ``engine_start``, ``warmup``, ``generate``, ``probe``, ``shutdown``);
 - ``{"event": "engine", ...}`` facts about the engine once it is up (vLLM version, KV cache);
+- ``{"event": "progress", "share": S, "elapsed": SEC, "output_tokens_per_s": R}`` each time
+  another 5 % of the timed run's requests have finished (vLLM's own rate estimate so far);
 - ``{"event": "result", "metrics": {...}}`` once, as soon as the timed run is measured;
 - ``{"event": "probe", "file": NAME}`` or ``{"event": "probe", "error": STR}`` once the quality
   probe (when the spec asks for one) is written or has failed;

@@ -24,6 +24,9 @@ class Outcome(str, enum.Enum):
     OOM = "oom"  # PRUNED: the sampler learns to avoid the region
     INVALID = "invalid"  # PRUNED: vLLM (or a constraint of the space) rejected the config
     QUALITY = "quality"  # PRUNED: it ran, but its outputs drift from the baseline's beyond the budget
+    #: PRUNED: its pruner stopped it, behind the study's trials at the same share of the work; its
+    #: partial figure is kept (``partial_output_tokens_per_s``), and it is never the winner
+    STOPPED = "stopped"
     TIMEOUT = "timeout"  # FAIL
     CRASH = "crash"  # FAIL
     INTERRUPTED = "interrupted"  # FAIL, uncounted: cut off by Ctrl-C or a dead tuner; runs again

@@ -64,11 +64,24 @@ def claim_dir(trial_dir: Path) -> None:
     trial_dir.mkdir(parents=True, exist_ok=True)
 
 
-class _PhaseWatch:
-    """Reads a running worker's stdout as it grows and reports each phase it enters."""
+class _Stop(Exception):
+    """The trial's caller asked for it to stop (its pruner: behind at the same share of the work)."""
 
-    def __init__(self, path: Path, pid: int, on_phase: Callable[[str], None]) -> None:
+
+class _PhaseWatch:
+    """Reads a running worker's stdout as it grows, reports each phase it enters and its progress,
+    and stops the trial when ``should_stop`` says so."""
+
+    def __init__(
+        self,
+        path: Path,
+        pid: int,
+        on_phase: Callable[[str], None] | None,
+        on_progress: Callable[[float, float], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
         self.path, self.pid, self.on_phase = path, pid, on_phase
+        self.on_progress, self.should_stop = on_progress, should_stop
         self._offset = 0
         self._partial = ""
 
@@ -83,8 +96,12 @@ class _PhaseWatch:
         lines = (self._partial + chunk.decode("utf-8", "replace")).split("\n")
         self._partial = lines.pop()
         for event in protocol.parse(lines, pid=self.pid):
-            if event.get("event") == "phase":
+            if event.get("event") == "phase" and self.on_phase is not None:
                 self.on_phase(str(event.get("phase")))
+            elif event.get("event") == "progress" and self.on_progress is not None:
+                self.on_progress(float(event["share"]), float(event["output_tokens_per_s"]))
+        if self.should_stop is not None and self.should_stop():
+            raise _Stop
 
 
 def _launch(
@@ -114,7 +131,11 @@ def _launch(
 
 
 def run_trial(
-    spec: TrialSpec, on_phase: Callable[[str], None] | None = None, warm: WarmWorkers | None = None
+    spec: TrialSpec,
+    on_phase: Callable[[str], None] | None = None,
+    warm: WarmWorkers | None = None,
+    on_progress: Callable[[float, float], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TrialRecord:
     """Run ``spec`` in a fresh worker process and classify how it ended.
 
@@ -124,6 +145,10 @@ def run_trial(
             from the thread that waits on the trial.
         warm: Fork the worker from a warm worker that imported vLLM already (see
             :mod:`autotune.trial.forkserver`), instead of starting a fresh interpreter.
+        on_progress: Called with ``(share of the requests finished, output tok/s so far)`` as
+            the timed run goes (every 5 % of the requests).
+        should_stop: Asked at every poll; True ends the trial there: ``Outcome.STOPPED`` with
+            its partial figure (never a measurement).
     """
     tdir = spec.trial_dir
     claim_dir(tdir)
@@ -136,14 +161,18 @@ def run_trial(
     if stop_requests.count:  # Ctrl-C while this thread was between trials: start nothing
         raise KeyboardInterrupt
     started = time.time()
-    timed_out = False
+    timed_out = stopped = False
     server = warm.acquire(env) if warm is not None else None
     try:
         proc = _launch(spec_path, out_path, err_path, env, server, warm)
         sampler = GpuSampler(spec.device_ids).start()
-        tick = _PhaseWatch(out_path, proc.pid, on_phase) if on_phase is not None else None
+        watched = on_phase is not None or on_progress is not None or should_stop is not None
+        tick = _PhaseWatch(out_path, proc.pid, on_phase, on_progress, should_stop) if watched else None
         try:
             wait(proc, spec.timeout_s, stop_at=1, tick=tick)
+        except _Stop:
+            stopped = True
+            terminate(proc)
         except subprocess.TimeoutExpired:
             timed_out = True
             _logger.warning("trial ran past its %.0f s timeout; killing its process group", spec.timeout_s)
@@ -169,7 +198,9 @@ def run_trial(
         events=events,
         stderr_tail=_tail(err_path) + "\n" + _tail(out_path, 16 * 1024),
     )
-    if getattr(proc, "server_gone", False) and outcome is not Outcome.SUCCESS:
+    if stopped and outcome is not Outcome.SUCCESS:
+        outcome, error_type, error, metrics = _stopped(events)
+    elif getattr(proc, "server_gone", False) and outcome is not Outcome.SUCCESS:
         # the warm worker died under the trial (and took it along): not the config's failure
         assert warm is not None
         warm.disable("a warm worker died during a trial")
@@ -212,6 +243,22 @@ def run_trial(
     )
     record.write_json(tdir / "result.json")
     return record
+
+
+def _stopped(events: list[dict[str, Any]]) -> tuple[Outcome, str, str, dict[str, Any]]:
+    """How a trial its pruner stopped ended: the last progress it reported, as a partial figure."""
+    progress = [e for e in events if e.get("event") == "progress"]
+    if not progress:
+        return Outcome.STOPPED, "stopped", "stopped before its timed run reported progress", {}
+    last = progress[-1]
+    share, rate = float(last["share"]), float(last["output_tokens_per_s"])
+    return (
+        Outcome.STOPPED,
+        "stopped",
+        f"stopped at {share:.0%} of the requests, {rate:,.1f} output tok/s so far: behind the study's "
+        "trials at the same share (Optuna's pruner)",
+        {"partial_output_tokens_per_s": rate, "partial_share": share},
+    )
 
 
 def _probe_outcome(

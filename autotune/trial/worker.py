@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import time
 import traceback
@@ -225,7 +226,10 @@ def _measure(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any
 
     protocol.emit("phase", phase="generate", t=time.time())
     t0 = time.perf_counter()
-    outputs = llm.generate([p for p, _ in requests], [params(n) for _, n in requests], use_tqdm=False)
+    total = sum(n for _, n in requests)
+    outputs = llm.generate(
+        [p for p, _ in requests], [params(n) for _, n in requests], use_tqdm=_progress_bar(total)
+    )
     generate_s = time.perf_counter() - t0
     prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
     output_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
@@ -239,6 +243,51 @@ def _measure(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
     }
+
+
+#: progress events: one each time another 5 % of the requests have finished
+PROGRESS_STEPS = 20
+_OUTPUT_RATE = re.compile(r"output: ([0-9.]+) toks/s")
+
+
+def _progress_bar(output_tokens: int) -> Any:
+    """A progress bar for ``LLM.generate(use_tqdm=...)`` that draws nothing and emits a
+    ``progress`` event each time another 1/``PROGRESS_STEPS`` of the requests has finished:
+    ``LLM.generate`` stays the measured path, and the tuner sees how fast a trial goes (its
+    pruner compares trials at the same share of the work). The rate is vLLM's own estimate,
+    output tokens of the finished requests per second (else: that share of ``output_tokens``)."""
+    import os
+
+    from tqdm import tqdm
+
+    class _Progress(tqdm):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 - closed with the bar
+            kwargs["mininterval"] = 1.0
+            super().__init__(*args, **kwargs)
+            self._step = 0
+
+        def update(self, n: float | None = 1) -> bool | None:
+            out = super().update(n)
+            if self.desc != "Processed prompts" or not self.total:  # adding requests: no work yet
+                return out
+            step = int(self.n * PROGRESS_STEPS // self.total)
+            if step > self._step:
+                self._step = step
+                elapsed = float(self.format_dict["elapsed"]) or 1e-9
+                m = _OUTPUT_RATE.search(str(self.postfix or ""))
+                rate = float(m.group(1)) if m else output_tokens * self.n / self.total / elapsed
+                protocol.emit(
+                    "progress", share=step / PROGRESS_STEPS, elapsed=elapsed, output_tokens_per_s=rate
+                )
+            return out
+
+        def close(self) -> None:
+            super().close()
+            if self.fp is not None and not self.fp.closed:
+                self.fp.close()
+
+    return _Progress
 
 
 def _token_ids(prompt: Any, tokenizer: Any) -> list[int]:

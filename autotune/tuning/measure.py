@@ -67,6 +67,7 @@ def measure(
     on_phase: Callable[[int, str | None], None] | None = None,
     judge: Callable[[TrialRecord], TrialRecord] | None = None,
     warm: WarmWorkers | None = None,
+    progress: Progress | None = None,
 ) -> TrialRecord:
     """Run ``spec`` for ``trial`` and store how it went on the trial (as ``judge`` says, when
     given: the quality guard's verdict is part of the one record stored).
@@ -78,6 +79,8 @@ def measure(
     how: dict[str, Any] = {"warm": warm} if warm is not None else {}
     if on_phase is not None:
         how["on_phase"] = lambda phase: on_phase(trial.number, phase)
+    if progress is not None:
+        how.update(on_progress=progress.report, should_stop=progress.should_stop)
     try:
         result = run_trial(spec, **how)
     except KeyboardInterrupt:
@@ -100,11 +103,37 @@ def measure(
     return result
 
 
+@dataclass
+class Progress:
+    """A trial's progress, told to Optuna as intermediate values (step: the percent of the
+    requests finished), and its pruner's verdict: a ``stoppable`` trial behind the study's trials
+    at the same share of the work is stopped there."""
+
+    trial: optuna.Trial
+    stoppable: bool
+    _step: int = -1
+    _stop: bool = False
+
+    def report(self, share: float, output_tokens_per_s: float) -> None:
+        step = round(share * 100)
+        if step <= self._step:
+            return
+        self._step = step
+        self.trial.report(output_tokens_per_s, step)
+        if self.stoppable and not self._stop and self.trial.should_prune():
+            self._stop = True
+
+    def should_stop(self) -> bool:
+        return self._stop
+
+
 def value_of(result: TrialRecord, objective: str) -> float:
     """The trial's value; out of memory, an invalid config or outputs that drift beyond the quality
     budget prune it (the sampler learns to avoid the region), a timeout or crash fails it."""
     if result.outcome is Outcome.SUCCESS:
         return float(result.metrics[objective])
+    if result.outcome is Outcome.STOPPED:  # behind at the same share: what pruning is for
+        raise optuna.TrialPruned(f"{result.error_type}: {result.error}")
     if result.outcome in INFEASIBLE:
         raise optuna.TrialPruned(f"{result.error_type}: {result.error}")
     raise TrialFailed(f"{result.error_type}: {result.error} (log: {result.log})")
@@ -132,6 +161,9 @@ class Measuring:
     probe_max_len: int | None = None
     #: fork each trial's worker from a warm one that imported vLLM once (None: a fresh interpreter)
     warm: WarmWorkers | None = None
+    #: tell Optuna each trial's progress (intermediate values), and let the study's pruner stop a
+    #: sampled trial that is behind (the search does; validation rounds measure every config whole)
+    early_stop: bool = False
 
     def measure(
         self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot
@@ -161,10 +193,11 @@ class Measuring:
             env=self.env,
             probe=plan.probe if plan is not None else None,
         )
+        progress = Progress(trial, stoppable=not TrialRecord.of(trial).queued) if self.early_stop else None
         if plan is None or budget is None:
-            return measure(trial, spec, self.on_phase, warm=self.warm)
+            return measure(trial, spec, self.on_phase, warm=self.warm, progress=progress)
         if TrialRecord.of(trial).role is Role.BASELINE:
-            result = measure(trial, spec, self.on_phase, warm=self.warm)
+            result = measure(trial, spec, self.on_phase, warm=self.warm, progress=progress)
             if result.outcome is Outcome.SUCCESS and not quality.publish(
                 trial.study, trial.number, trial_dir / PROBE_FILE
             ):
@@ -175,7 +208,12 @@ class Measuring:
                 )
             return result
         return measure(
-            trial, spec, self.on_phase, lambda r: quality.judge(r, plan, budget, lossy), warm=self.warm
+            trial,
+            spec,
+            self.on_phase,
+            lambda r: quality.judge(r, plan, budget, lossy),
+            warm=self.warm,
+            progress=progress,
         )
 
     @staticmethod

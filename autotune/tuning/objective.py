@@ -45,6 +45,7 @@ class Objective(Measuring):
     space: SearchSpace
     budget: int | None = None
     quality_guard: bool = True
+    early_stop: bool = True
     #: queue informed start-up configs once the baseline has run (see :mod:`autotune.tuning.informed`)
     informed_start: bool = True
     #: the installed vLLM's engine argument names

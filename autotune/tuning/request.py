@@ -45,3 +45,6 @@ class RunRequest:
     #: once the baseline has run, measure the configs it informs first (``--no-informed-start``:
     #: the sampler's own start-up only)
     informed_start: bool = True
+    #: let the study's pruner stop a sampled trial that is behind at the same share of the work
+    #: (``--no-early-stop``: every trial runs whole)
+    early_stop: bool = True

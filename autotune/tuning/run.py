@@ -213,6 +213,7 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session, warm: WarmWorkers |
         budget=s.total,
         on_phase=progress.phase,
         informed_start=req.informed_start,
+        early_stop=req.early_stop,
         engine_args=frozenset(inputs.engine.args),
         **_measuring(req, inputs, s, warm),
     )
