@@ -1,5 +1,6 @@
-"""Multi-fidelity: trials report their progress to Optuna, whose pruner stops a sampled trial
-that is behind at the same share of the work; queued trials always run whole."""
+"""Multi-fidelity: trials report an upper bound of their final value as they go, and the study's
+pruner stops a sampled trial whose bound fell below the completed trials' median; queued trials
+always run whole."""
 
 from __future__ import annotations
 
@@ -14,57 +15,84 @@ from autotune.trial.runner import _stopped
 from tests.helpers import objective_for
 
 SPACE = SearchSpace("s", (ParamSpec("max_num_seqs", "int", low=1, high=1000),))
+WORK = 1000.0  # output tokens: the baseline's 100 tok/s over 10 s
 
 
 def _run_trial_at(rate_of):
-    """A trial that reports ``rate_of(spec)`` at every 5 % and honours ``should_stop`` as the
-    runner does; records what happened to each."""
-    seen: list[tuple[int, str]] = []
+    """A trial that runs at ``rate_of(spec)`` output tok/s, reports its progress every 5 % as the
+    worker does, and honours ``should_stop`` as the runner does; records how each one ended."""
+    seen: list[tuple[int | None, str]] = []
 
     def run_trial(spec, on_progress=None, should_stop=None, **_):
         rate = rate_of(spec)
+        total_s = WORK / rate
         for step in range(1, 21):
+            elapsed = total_s * step / 20
             if on_progress is not None:
-                on_progress(step / 20, rate)
+                on_progress(step / 20, elapsed)
             if should_stop is not None and should_stop():
                 seen.append((spec.engine_kwargs.get("max_num_seqs"), f"stopped at {step * 5}%"))
-                events = [{"event": "progress", "share": step / 20, "output_tokens_per_s": rate}]
-                outcome, error_type, error, metrics = _stopped(events)
+                event = {
+                    "event": "progress",
+                    "share": step / 20,
+                    "elapsed": elapsed,
+                    "output_tokens_per_s": rate,
+                }
+                outcome, error_type, error, metrics = _stopped([event])
                 return TrialRecord(outcome, metrics, error_type, error, trial_dir=str(spec.trial_dir))
         seen.append((spec.engine_kwargs.get("max_num_seqs"), "whole"))
-        return TrialRecord(Outcome.SUCCESS, {"output_tokens_per_s": rate}, trial_dir=str(spec.trial_dir))
+        metrics = {"output_tokens_per_s": rate, "generate_s": total_s}
+        return TrialRecord(Outcome.SUCCESS, metrics, trial_dir=str(spec.trial_dir))
 
     return run_trial, seen
 
 
-def test_a_slow_sampled_trial_is_stopped_and_a_slow_queued_one_is_not(tmp_path: Path, monkeypatch) -> None:
-    rate = {1: 50.0, 2: 1.0}  # max_num_seqs=1 and 2: far behind; the rest: 100 + n
-    run_trial, seen = _run_trial_at(lambda spec: rate.get(spec.engine_kwargs["max_num_seqs"], 100.0))
-    monkeypatch.setattr("autotune.tuning.measure.run_trial", run_trial)
+def _study(configs: list[int], queued_slow: bool = True) -> optuna.Study:
     study = optuna.create_study(direction="maximize", pruner=make_pruner())
-    for n in (500, 600, 700, 800, 900):  # five completed trials: the pruner's start-up
-        study.enqueue_trial({"max_num_seqs": n})
+    study.enqueue_trial({}, user_attrs=TrialRecord(role=Role.BASELINE).attrs())
+    for n in configs:
+        study.enqueue_trial({"max_num_seqs": n})  # as the sampler would propose them (no role)
+    return study
+
+
+def test_a_sampled_trial_that_cannot_reach_the_median_is_stopped(tmp_path: Path, monkeypatch) -> None:
+    rates = {1: 10.0, 2: 10.0, 3: 100.0}  # the rest: 100 + n / 10
+    run_trial, seen = _run_trial_at(lambda spec: rates.get(spec.engine_kwargs.get("max_num_seqs"), 100.0))
+    monkeypatch.setattr("autotune.tuning.measure.run_trial", run_trial)
+    study = _study([500, 600, 700, 800])  # with the baseline: five completed, the pruner's start-up
     mine = {"max_num_seqs": 1}
     study.enqueue_trial(mine, user_attrs=TrialRecord(role=Role.ENQUEUED, config=mine).attrs())
-    study.enqueue_trial({"max_num_seqs": 2})  # as the sampler would propose it (no role)
-    study.optimize(objective_for(SPACE, tmp_path), n_trials=7)
+    study.enqueue_trial({"max_num_seqs": 2})
+    study.enqueue_trial({"max_num_seqs": 3})
+    study.optimize(objective_for(SPACE, tmp_path), n_trials=8)
 
     assert seen[5] == (1, "whole")  # the user's own config is measured whole, however slow
-    assert seen[6] == (2, "stopped at 30%")  # no earlier than 30 % of the requests
+    # at 15 % after 15 s, even an instant rest gives 1000 / 15 = 67 tok/s < the median 100
+    assert seen[6] == (2, "stopped at 15%")
+    assert seen[7] == (3, "whole")  # as fast as the median: its bound never falls below it
     stopped = study.trials[6]
     record = TrialRecord.of(stopped)
     assert stopped.state is optuna.trial.TrialState.PRUNED and record.outcome is Outcome.STOPPED
-    assert record.metrics == {"partial_output_tokens_per_s": 1.0, "partial_share": 0.3}
-    assert "stopped at 30% of the requests" in (record.error or "") and record.counted
-    assert stopped.intermediate_values[30] == 1.0 and study.best_trial.number != 6
+    assert record.metrics == {
+        "partial_share": 0.15,
+        "partial_elapsed_s": 15.0,
+        "partial_output_tokens_per_s": 10.0,
+    }
+    assert "stopped at 15% of its requests after 15.0 s" in (record.error or "") and record.counted
+    assert stopped.intermediate_values[15] == WORK / 15.0  # the bound reported
+    assert study.best_trial.number != 6
 
 
-def test_early_stop_off_runs_every_trial_whole(tmp_path: Path, monkeypatch) -> None:
-    run_trial, seen = _run_trial_at(lambda spec: 1.0 if spec.engine_kwargs["max_num_seqs"] == 2 else 100.0)
+def test_nothing_is_stopped_before_five_trials_completed_or_with_early_stop_off(
+    tmp_path: Path, monkeypatch
+) -> None:
+    run_trial, seen = _run_trial_at(
+        lambda spec: 10.0 if spec.engine_kwargs.get("max_num_seqs") == 2 else 100.0
+    )
     monkeypatch.setattr("autotune.tuning.measure.run_trial", run_trial)
-    study = optuna.create_study(direction="maximize", pruner=make_pruner())
-    for n in (500, 600, 700, 800, 900, 2):
-        study.enqueue_trial({"max_num_seqs": n})
-    study.optimize(objective_for(SPACE, tmp_path, early_stop=False), n_trials=6)
-    assert [s for _, s in seen] == ["whole"] * 6 and not study.trials[5].intermediate_values
-    assert study.trials[5].state is optuna.trial.TrialState.COMPLETE
+    study = _study([500, 600, 2])  # three completed before it: too few to judge by
+    study.optimize(objective_for(SPACE, tmp_path), n_trials=4)
+    assert [s for _, s in seen] == ["whole"] * 4
+    study = _study([500, 600, 700, 800, 2])
+    study.optimize(objective_for(SPACE, tmp_path / "off", early_stop=False), n_trials=6)
+    assert [s for _, s in seen[4:]] == ["whole"] * 6 and not study.trials[5].intermediate_values

@@ -119,8 +119,8 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     p.add_argument(
         "--no-early-stop",
         action="store_true",
-        help="run every trial whole; by default Optuna's percentile pruner stops a sampled trial "
-        "in the bottom quarter of the study's trials at the same share of its requests (from 30 %%)",
+        help="run every trial whole; by default a sampled trial that can no longer reach the median "
+        "of the study's completed trials (even if the rest of its requests took no time) is stopped",
     )
     p.add_argument(
         "--no-informed-start",

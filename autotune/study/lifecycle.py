@@ -12,6 +12,7 @@ import optuna
 
 from autotune._logging import get_logger
 from autotune.errors import StudyError
+from autotune.study.pruning import BoundPruner
 from autotune.study.settings import SETTINGS_ATTR, StudySettings, stored_settings
 from autotune.study.storage import check_study_name, default_url, open_storage, redact
 from autotune.trial.record import Role, TrialRecord
@@ -38,11 +39,10 @@ def make_sampler(
 
 
 def make_pruner() -> optuna.pruners.BasePruner:
-    """Optuna's percentile pruner on the trials' progress (output tok/s at each 5 % of the
-    requests finished): a sampled trial in the bottom quarter at the same share, once 5 trials
-    have completed and 30 % of its requests are done, is stopped there. Queued trials (the
-    baseline, ``--enqueue``, informed, retries) always run whole."""
-    return optuna.pruners.PercentilePruner(25.0, n_startup_trials=5, n_warmup_steps=30, interval_steps=5)
+    """The study's pruner (see :mod:`autotune.study.pruning`); only sampled trials are ever
+    stopped (the objective decides), queued ones (baseline, ``--enqueue``, informed, retries)
+    always run whole."""
+    return BoundPruner(n_startup_trials=5, quantile=0.5)
 
 
 def load_existing(name: str, storage: optuna.storages.BaseStorage) -> optuna.Study | None:

@@ -144,8 +144,11 @@ def serve(stdin: int, tuner: int | None) -> int:
         os.close(wait_w)
         os.read(wait_r, 1)  # its session exists (or it died: end of file)
         os.close(wait_r)
-        _send(channel, pid=pid)
-        _send(channel, exit=pid, returncode=_wait_child(pid, tuner))
+        try:
+            _send(channel, pid=pid)
+            _send(channel, exit=pid, returncode=_wait_child(pid, tuner))
+        except BrokenPipeError:  # the tuner is gone (its child was taken down with it)
+            return 0
     return 0
 
 

@@ -82,6 +82,7 @@ class _PhaseWatch:
     ) -> None:
         self.path, self.pid, self.on_phase = path, pid, on_phase
         self.on_progress, self.should_stop = on_progress, should_stop
+        self.measured = False
         self._offset = 0
         self._partial = ""
 
@@ -96,11 +97,19 @@ class _PhaseWatch:
         lines = (self._partial + chunk.decode("utf-8", "replace")).split("\n")
         self._partial = lines.pop()
         for event in protocol.parse(lines, pid=self.pid):
-            if event.get("event") == "phase" and self.on_phase is not None:
-                self.on_phase(str(event.get("phase")))
-            elif event.get("event") == "progress" and self.on_progress is not None:
-                self.on_progress(float(event["share"]), float(event["output_tokens_per_s"]))
-        if self.should_stop is not None and self.should_stop():
+            kind = event.get("event")
+            if kind == "result" or (kind == "phase" and event.get("phase") in ("probe", "shutdown")):
+                self.measured = True  # the timed run is over: nothing is stopped from here on
+            try:
+                if kind == "phase" and self.on_phase is not None:
+                    self.on_phase(str(event.get("phase")))
+                elif kind == "progress" and self.on_progress is not None and not self.measured:
+                    self.on_progress(float(event["share"]), float(event["elapsed"]))
+            except Exception as e:  # a display or storage hiccup must not end the trial
+                _logger.warning(
+                    "%s: could not handle the worker's %s event: %s", self.path.parent.name, kind, e
+                )
+        if self.should_stop is not None and not self.measured and self.should_stop():
             raise _Stop
 
 
@@ -145,8 +154,8 @@ def run_trial(
             from the thread that waits on the trial.
         warm: Fork the worker from a warm worker that imported vLLM already (see
             :mod:`autotune.trial.forkserver`), instead of starting a fresh interpreter.
-        on_progress: Called with ``(share of the requests finished, output tok/s so far)`` as
-            the timed run goes (every 5 % of the requests).
+        on_progress: Called with ``(share of the requests finished, seconds of the timed run
+            so far)`` as it goes (every 5 % of the requests).
         should_stop: Asked at every poll; True ends the trial there: ``Outcome.STOPPED`` with
             its partial figure (never a measurement).
     """
@@ -246,18 +255,22 @@ def run_trial(
 
 
 def _stopped(events: list[dict[str, Any]]) -> tuple[Outcome, str, str, dict[str, Any]]:
-    """How a trial its pruner stopped ended: the last progress it reported, as a partial figure."""
+    """How a trial its pruner stopped ended: how far it got, as a partial figure."""
     progress = [e for e in events if e.get("event") == "progress"]
     if not progress:
         return Outcome.STOPPED, "stopped", "stopped before its timed run reported progress", {}
     last = progress[-1]
-    share, rate = float(last["share"]), float(last["output_tokens_per_s"])
+    share, elapsed = float(last["share"]), float(last["elapsed"])
     return (
         Outcome.STOPPED,
         "stopped",
-        f"stopped at {share:.0%} of the requests, {rate:,.1f} output tok/s so far: behind the study's "
-        "trials at the same share (Optuna's pruner)",
-        {"partial_output_tokens_per_s": rate, "partial_share": share},
+        f"stopped at {share:.0%} of its requests after {elapsed:.1f} s: even if the rest took no "
+        "time, it could no longer reach the median of the study's completed trials (its pruner)",
+        {
+            "partial_share": share,
+            "partial_elapsed_s": elapsed,
+            "partial_output_tokens_per_s": float(last["output_tokens_per_s"]),
+        },
     )
 
 

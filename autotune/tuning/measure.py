@@ -16,6 +16,7 @@ from autotune._logging import get_logger
 from autotune.space.lossy import lossy_changes
 from autotune.study.recovery import queue_retry
 from autotune.study.settings import StudySettings
+from autotune.study.trials import baseline_trial
 from autotune.trial.forkserver import WarmWorkers
 from autotune.trial.probe import PROBE_FILE
 from autotune.trial.record import CONSTRAINT, INFEASIBLE, Outcome, Role, TrialRecord, mark
@@ -105,26 +106,42 @@ def measure(
 
 @dataclass
 class Progress:
-    """A trial's progress, told to Optuna as intermediate values (step: the percent of the
-    requests finished), and its pruner's verdict: a ``stoppable`` trial behind the study's trials
-    at the same share of the work is stopped there."""
+    """A trial's progress, told to Optuna as intermediate values, and its pruner's verdict.
+
+    At each step (the percent of its requests finished) the trial reports an upper bound of its
+    final value: the workload's ``work`` (the objective's units, e.g. output tokens, as the
+    baseline measured them on the same requests) over the seconds its timed run has taken so far
+    (see :mod:`autotune.study.pruning`). A ``stoppable`` trial the pruner says cannot keep up is
+    stopped there; one whose requests have all finished never is.
+    """
 
     trial: optuna.Trial
     stoppable: bool
+    work: float
     _step: int = -1
     _stop: bool = False
 
-    def report(self, share: float, output_tokens_per_s: float) -> None:
+    def report(self, share: float, elapsed_s: float) -> None:
         step = round(share * 100)
-        if step <= self._step:
+        if step <= self._step or elapsed_s <= 0:
             return
         self._step = step
-        self.trial.report(output_tokens_per_s, step)
-        if self.stoppable and not self._stop and self.trial.should_prune():
+        self.trial.report(self.work / elapsed_s, step)
+        if self.stoppable and share < 1.0 and not self._stop and self.trial.should_prune():
             self._stop = True
 
     def should_stop(self) -> bool:
         return self._stop
+
+
+def _work(study: optuna.Study, objective: str) -> float | None:
+    """The workload's work in ``objective``'s units (output tokens, tokens, requests), as the
+    baseline measured it: every trial runs the same requests."""
+    base = baseline_trial(study)
+    metrics = TrialRecord.of(base).metrics if base is not None else {}
+    if not isinstance(metrics.get(objective), (int, float)) or not metrics.get("generate_s"):
+        return None
+    return float(metrics[objective]) * float(metrics["generate_s"])
 
 
 def value_of(result: TrialRecord, objective: str) -> float:
@@ -193,7 +210,8 @@ class Measuring:
             env=self.env,
             probe=plan.probe if plan is not None else None,
         )
-        progress = Progress(trial, stoppable=not TrialRecord.of(trial).queued) if self.early_stop else None
+        work = _work(trial.study, self.settings.objective) if self.early_stop else None
+        progress = Progress(trial, not TrialRecord.of(trial).queued, work) if work else None
         if plan is None or budget is None:
             return measure(trial, spec, self.on_phase, warm=self.warm, progress=progress)
         if TrialRecord.of(trial).role is Role.BASELINE:

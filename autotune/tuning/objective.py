@@ -18,7 +18,7 @@ import optuna
 from autotune._logging import get_logger
 from autotune.space.constraints import violations
 from autotune.space.spec import SearchSpace
-from autotune.study.budget import over_budget
+from autotune.study.budget import counted_trials, over_budget
 from autotune.study.lifecycle import enqueue_config
 from autotune.study.recovery import queue_back, queue_retry
 from autotune.study.trials import find_duplicate
@@ -140,11 +140,17 @@ class Objective(Measuring):
         queue_retry(trial.study, trial, COLD_RETRY_REASON)
 
     def _inform(self, trial: optuna.Trial, result: TrialRecord) -> None:
-        """Queue the informed start-up configs once the baseline has measured (once a study)."""
+        """Queue the informed start-up configs once the baseline has measured (once a study), as
+        many as the budget has room for beside the trials queued already."""
         study = trial.study
-        if any(TrialRecord.of(t).role is Role.INFORMED for t in study.get_trials(deepcopy=False)):
+        trials = study.get_trials(deepcopy=False)
+        if any(TrialRecord.of(t).role is Role.INFORMED for t in trials):
             return
-        for name, config in informed_configs(result, self.space, self.engine_args):
+        configs = informed_configs(result, self.space, self.engine_args)
+        if self.budget is not None:
+            waiting = sum(t.state is optuna.trial.TrialState.WAITING for t in trials)
+            configs = configs[: max(0, self.budget - counted_trials(study) - waiting)]
+        for name, config in configs:
             enqueue_config(study, config, self.space.parameters, role=Role.INFORMED)
             _logger.info("queued %s, informed by the baseline: %s", name, config)
 

@@ -138,7 +138,7 @@ def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[in
         ax,
         [r.number for r in rows if r.value is None and r.number not in infeasible and r.state != "RUNNING"],
         _OTHER_COLOR,
-        "crash / timeout / interrupted / skipped",
+        "stopped early / crash / timeout / interrupted / skipped",
         marker="|",
     )
     ax.set_xlabel("trial")
