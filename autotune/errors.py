@@ -45,3 +45,7 @@ class ImportanceError(AutotuneError):
 
 class ReportError(AutotuneError):
     """The report cannot be built (matplotlib missing, a study vllm-autotune did not make)."""
+
+
+class ServeError(AutotuneError):
+    """Serve mode's options (``--concurrency``, ``--request-rate``, ``--slo``) are unusable."""

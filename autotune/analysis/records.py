@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.analysis.quality import quality_of
 from autotune.study.settings import raw_settings
+from autotune.study.slo import misses
 from autotune.study.trials import baseline_trial, ratio
 from autotune.trial.record import Outcome, Role, TrialRecord
 
@@ -69,6 +70,8 @@ class TrialRow:
     gpu_util_pct: float | None = None
     #: its quality statement (:func:`autotune.analysis.quality.quality_of`)
     quality: dict[str, Any] = field(default_factory=dict)
+    #: serve mode: the SLOs a measured trial missed, ``{metric: measured ms}`` (it never wins)
+    slo_misses: dict[str, float] = field(default_factory=dict)
 
     @property
     def log_exists(self) -> bool:
@@ -109,6 +112,7 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
     names = searched_names(study)
     settings = raw_settings(study)
     budget, fixed = settings.get("quality_budget"), (settings.get("space") or {}).get("fixed") or {}
+    slos = settings.get("slos") or {}
     trials = study.get_trials(deepcopy=False)
     records = [TrialRecord.of(t) for t in trials]
     retried_by = {r.retry_of: t for t, r in zip(trials, records, strict=True) if r.retry_of is not None}
@@ -139,6 +143,7 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
                 log=_log_path(record),
                 gpu_util_pct=float(util) if isinstance(util, (int, float)) else None,
                 quality=quality_of(record, budget, fixed),
+                slo_misses=misses(record.metrics, slos) if complete and slos else {},
             )
         )
     return rows

@@ -47,6 +47,7 @@ def _run_request(args: argparse.Namespace, **given: Any) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Create or resume a study and run ``--trials`` trials of it."""
+    from autotune.study.slo import parse_slos
     from autotune.tuning.placement import parse_gpus
     from autotune.tuning.run import run_study
 
@@ -57,6 +58,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         gpus=parse_gpus(args.gpus) if args.gpus is not None else None,
         gpus_per_trial=args.gpus_per_trial,
         heartbeat_s=args.heartbeat,
+        mode=args.mode,
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        slos=parse_slos(args.slo) if args.slo is not None else None,
     )
     _print_summary(args, run_study(request))
     return 0
@@ -144,7 +149,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def export(study_name: str, storage: str | None, studies_dir: Any, out: Any, *, importance: bool) -> None:
     """Write the study's best config as JSON (see :mod:`autotune.output.export`)."""
-    from autotune.output.export import build_export, exportable_best, write_export
+    from autotune.output.export import build_export, config_path, exportable_best, write_export
     from autotune.space.engine_args import describe_engine
     from autotune.study.lifecycle import open_study
 
@@ -156,10 +161,11 @@ def export(study_name: str, storage: str | None, studies_dir: Any, out: Any, *, 
 
         section, line = export_importance(study)
         _logger.info("%s", line)
-    doc = build_export(study, describe_engine(), url, importance=section)
+    doc = build_export(study, describe_engine(), url, importance=section, config_file=config_path(out))
     path = write_export(doc, out)
     validation = doc["validation"]
     _logger.info("exported trial #%d (%s) to %s", doc["trial_number"], doc["objective"], path)
+    _logger.info("serve it: %s", doc["server_command_with_config"])
     _logger.info(
         "%s", validation.get("verdict") or f"{validation['status']}: {validation.get('message', '')}"
     )

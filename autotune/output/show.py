@@ -10,6 +10,7 @@ from autotune.analysis.records import trial_rows
 from autotune.output.listing import summarize_study
 from autotune.output.text import fmt, indent, table
 from autotune.study.settings import raw_settings
+from autotune.study.slo import describe as describe_slos
 from autotune.study.trials import baseline_trial
 from autotune.trial.outcome import error_summary
 
@@ -86,6 +87,9 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
         "baseline": None if base_row is None else {"trial": base_row.number, "value": base_row.value},
         "best_vs_baseline": comparison,
         "quality_budget": settings.get("quality_budget"),
+        "mode": settings.get("mode") or "offline",
+        "load": settings.get("load") or {},
+        "slos": settings.get("slos") or {},
         "validation": summary.validation,  # its rounds judged once, for ls and show alike
         "trials": [dataclasses.asdict(r) for r in rows],
     }
@@ -116,7 +120,24 @@ def _validation_lines(v: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _quality_line(budget: float | None) -> str:
+def _serve_lines(doc: dict[str, Any]) -> list[str]:
+    if doc.get("mode") != "serve":
+        return []
+    load = doc.get("load") or {}
+    conc, rate = load.get("concurrency"), load.get("request_rate")
+    text = (f"{conc} concurrent clients" if conc else "every request at once") + (
+        f", {rate:g} requests/s" if rate else ""
+    )
+    return [f"  mode         serve: {text}", f"  SLOs         {describe_slos(doc.get('slos') or {})}"]
+
+
+def _quality_line(budget: float | None, mode: str = "offline") -> str:
+    if budget is None and mode == "serve":
+        return (
+            "Quality: NOT CHECKED (serve mode measures no quality probe yet): lossy arguments were "
+            "left out of the search unless --no-quality-check; a lossy config is named in the "
+            "quality column."
+        )
     if budget is None:
         return (
             "Quality: NOT CHECKED (the study has no quality budget: --no-quality-check, dummy weights, "
@@ -147,6 +168,7 @@ def format_show(doc: dict[str, Any]) -> str:
         f"  model        {doc['model'] or '-'}",
         f"  workload     {doc['workload']}",
         f"  objective    {doc['objective'] or '-'} ({doc['direction']})",
+        *_serve_lines(doc),
         f"  vLLM         {doc['vllm'] or '-'} on {doc['platform'] or '?'}{gpu_text}",
         f"  fixed        {', '.join(f'{k}={fmt(v)}' for k, v in doc['fixed'].items()) or '-'}",
         f"  searching    {(chr(10) + ' ' * 15).join(doc['searching']) or '-'}",
@@ -182,12 +204,17 @@ def format_show(doc: dict[str, Any]) -> str:
                 for c in doc["best_vs_baseline"]
             ]
             lines.append(indent(table(["parameter", "vLLM default", "best", "changed"], rows)))
-    lines += ["", _quality_line(doc.get("quality_budget"))]
+    lines += ["", _quality_line(doc.get("quality_budget"), doc.get("mode") or "offline")]
     lines += ["", *_validation_lines(doc.get("validation"))]
     lines += ["", "Trials"]
     rows = []
     for r in doc["trials"]:
         note = _short(r["error"]) if r["error"] else ""
+        if r.get("slo_misses"):
+            missed = ", ".join(
+                f"{k} {fmt(v)} ms > {fmt(doc['slos'].get(k))}" for k, v in r["slo_misses"].items()
+            )
+            note = f"misses SLO: {missed}; {note}".rstrip("; ")
         if r["role"] != "sampled":
             note = f"[{r['role']}] {note}".strip()
         rows.append(

@@ -48,6 +48,12 @@ class StudySettings:
     #: the quality guard's budget (mean KL, nats); None: the guard is off (a study from before
     #: it existed, or ``--no-quality-check``)
     quality_budget: float | None = None
+    #: ``offline`` (``LLM.generate`` over the workload) or ``serve`` (vLLM's server under load)
+    mode: str = "offline"
+    #: serve mode's load: ``{"concurrency": N | None, "request_rate": R | None}``
+    load: dict[str, Any] = field(default_factory=dict)
+    #: serve mode's latency bounds, ms (see :mod:`autotune.study.slo`)
+    slos: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

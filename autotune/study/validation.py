@@ -50,7 +50,8 @@ def load_validation(study: optuna.Study) -> optuna.Study | None:
 
 def top_configs(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
     """The ``k`` best completed search trials with distinct engine args, the baseline's left out
-    (it is measured in every round anyway) and repeats counted once."""
+    (it is measured in every round anyway), repeats counted once, and none that missed a
+    constraint (serve mode's SLOs)."""
     baseline_kwargs = [
         TrialRecord.of(t).engine_kwargs
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -62,6 +63,8 @@ def top_configs(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
     for t in sorted((t for t in done if t.value is not None), key=lambda t: -float(t.value or 0.0)):
         record = TrialRecord.of(t)
         if record.duplicate_of is not None or record.engine_kwargs is None or record.engine_kwargs in seen:
+            continue
+        if any(v > 0 for v in t.constraints.values()):
             continue
         seen.append(record.engine_kwargs)
         out.append(t)

@@ -120,17 +120,20 @@ def _launch(
     env: dict[str, str],
     server: ForkServer | None,
     warm: WarmWorkers | None,
+    serve: bool = False,
 ) -> TrialProcess:
     """Start the trial's worker process: forked by a warm worker, or from scratch (without one,
-    or when it fails: a trial never fails for the warm worker's sake)."""
-    if server is not None and warm is not None:
+    or when it fails: a trial never fails for the warm worker's sake). A serve trial's worker
+    starts a fresh server process anyway: always from scratch."""
+    if server is not None and warm is not None and not serve:
         try:
             return server.launch(spec_path, out_path, err_path)
         except ServerGone as e:
             warm.disable(str(e))
+    module = "autotune.trial.serve_worker" if serve else "autotune.trial.worker"
     with out_path.open("wb") as out, err_path.open("wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "autotune.trial.worker", str(spec_path)],
+            [sys.executable, "-m", module, str(spec_path)],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
@@ -171,9 +174,9 @@ def run_trial(
         raise KeyboardInterrupt
     started = time.time()
     timed_out = stopped = False
-    server = warm.acquire(env) if warm is not None else None
+    server = warm.acquire(env) if warm is not None and spec.serve is None else None
     try:
-        proc = _launch(spec_path, out_path, err_path, env, server, warm)
+        proc = _launch(spec_path, out_path, err_path, env, server, warm, serve=spec.serve is not None)
         sampler = GpuSampler(spec.device_ids).start()
         watched = on_phase is not None or on_progress is not None or should_stop is not None
         tick = _PhaseWatch(out_path, proc.pid, on_phase, on_progress, should_stop) if watched else None

@@ -27,6 +27,10 @@ class TrialSpec:
     #: ``{"reference": PATH}`` scores the sequences of that ``probe.json``; without a reference
     #: (the baseline) it makes them, its prompts cut to fit ``max_len`` tokens with the continuation
     probe: dict[str, Any] | None = None
+    #: serve mode (None: offline ``LLM.generate``): ``server_args`` (the config as server flags),
+    #: ``concurrency``, ``request_rate``, ``port`` (where the slot's free-port scan starts); see
+    #: :mod:`autotune.trial.serve_worker`
+    serve: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -418,26 +419,34 @@ def watch_parent(parent_pid: int, interval_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_spec_file(
+    argv: list[str], run_spec: Callable[[dict[str, Any]], int], usage: str, extra: str = ""
+) -> int:
+    """A trial worker's entry: watch the tuner, read ``SPEC.json`` (``argv``'s one item), run it;
+    whatever escapes is reported as the trial's error."""
     import os
 
-    argv = sys.argv[1:] if argv is None else argv
     parent = os.environ.get("AUTOTUNE_PARENT_PID", "")
     if parent.isdigit():
         watch_parent(int(parent))
-    if argv == ["--describe"]:
-        protocol.emit("describe", info=describe())
-        return 0
     if len(argv) != 1:
-        print("usage: python -m autotune.trial.worker SPEC.json | --describe", file=sys.stderr)
+        print(f"usage: python -m {usage} SPEC.json{extra}", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     try:
-        return run(spec)
+        return run_spec(spec)
     except BaseException as e:
         traceback.print_exc()
         protocol.emit("error", error_type=type(e).__name__, error=str(e)[:4000])
         return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--describe"]:
+        protocol.emit("describe", info=describe())
+        return 0
+    return run_spec_file(argv, run, "autotune.trial.worker", " | --describe")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune._logging import get_logger
-from autotune.errors import StudyError
+from autotune.errors import ServeError, StudyError
 from autotune.space.constraints import bound_by_context, check_feasible, drop_requantization
 from autotune.space.engine_args import EngineInfo, describe_engine
 from autotune.space.load import load_space
@@ -60,6 +60,7 @@ def check_inputs(req: RunRequest) -> RunInputs:
         AutotuneError: naming the option at fault and the fix.
     """
     name = check_study_name(req.study)
+    check_serve(req)
     url = req.storage or default_url(name, req.studies_dir)
     engine = describe_engine()
     pool = SlotPool(
@@ -89,3 +90,27 @@ def load_space_for(
         _logger.info("space: %s", note)
     check_feasible(loaded, gpus=pool.gpus_per_trial)
     return loaded
+
+
+def check_serve(req: RunRequest) -> None:
+    """Serve mode's options go together: a load with ``--mode serve``, and ``--mode serve`` with a load.
+
+    Raises:
+        ServeError: naming the option at fault and the fix.
+    """
+    given = [
+        opt
+        for opt, value in (
+            ("--concurrency", req.concurrency),
+            ("--request-rate", req.request_rate),
+            ("--slo", req.slos),
+        )
+        if value is not None
+    ]
+    if req.mode != "serve" and given:
+        raise ServeError(f"{', '.join(given)} only apply to serve mode: add --mode serve (a new study)")
+    if req.mode == "serve" and req.concurrency is None and req.request_rate is None:
+        raise ServeError(
+            "--mode serve needs the load to measure the server under: --concurrency N (clients at once) "
+            "and/or --request-rate R (requests per second)"
+        )

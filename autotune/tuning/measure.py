@@ -13,6 +13,8 @@ from typing import Any
 import optuna
 
 from autotune._logging import get_logger
+from autotune.space.engine_args import EngineInfo
+from autotune.space.flags import serve_args
 from autotune.space.lossy import lossy_changes
 from autotune.study.recovery import queue_retry
 from autotune.study.settings import StudySettings
@@ -47,7 +49,15 @@ def trial_spec(
     requests_file: str | None,
     env: dict[str, str],
     probe: dict[str, Any] | None = None,
+    engine: EngineInfo | None = None,
 ) -> TrialSpec:
+    serve = None
+    if settings.mode == "serve":
+        serve = {
+            "server_args": serve_args(engine_kwargs, engine or EngineInfo("", "", "")),
+            **settings.load,
+            "port": slot.serve_port,
+        }
     return TrialSpec(
         trial_dir=trial_dir,
         engine_kwargs=engine_kwargs,
@@ -59,6 +69,7 @@ def trial_spec(
         env={**env, **slot.env},
         device_ids=list(slot.device_ids),
         probe=probe,
+        serve=serve,
     )
 
 
@@ -181,6 +192,8 @@ class Measuring:
     #: tell Optuna each trial's progress (intermediate values), and let the study's pruner stop a
     #: sampled trial that is behind (the search does; validation rounds measure every config whole)
     early_stop: bool = False
+    #: the installed vLLM's arguments (serve mode: the config as its server's flags)
+    engine: EngineInfo | None = None
 
     def measure(
         self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot
@@ -209,6 +222,7 @@ class Measuring:
             requests_file=self.requests_file,
             env=self.env,
             probe=plan.probe if plan is not None else None,
+            engine=self.engine,
         )
         work = _work(trial.study, self.settings.objective) if self.early_stop else None
         progress = Progress(trial, not TrialRecord.of(trial).queued, work) if work else None

@@ -21,6 +21,7 @@ from autotune.space.spec import SearchSpace
 from autotune.study.budget import counted_trials, over_budget
 from autotune.study.lifecycle import enqueue_config
 from autotune.study.recovery import queue_back, queue_retry
+from autotune.study.slo import copy_constraints, set_constraints
 from autotune.study.trials import find_duplicate
 from autotune.trial.outcome import engine_start_s
 from autotune.trial.record import Outcome, Role, TrialRecord, mark
@@ -89,6 +90,7 @@ class Objective(Measuring):
             # answer with that measurement, as Optuna's FAQ advises, instead of a GPU trial; one
             # that could not be used (out of memory, invalid, over the quality budget) is pruned again
             TrialRecord(outcome=Outcome.DUPLICATE, duplicate_of=earlier.number).write(trial)
+            copy_constraints(trial, earlier)
             if earlier.value is None:
                 raise optuna.TrialPruned(f"same config as trial #{earlier.number}, which was pruned")
             return earlier.value
@@ -162,6 +164,9 @@ class Objective(Measuring):
             and TrialRecord.of(trial).role is Role.BASELINE
         ):
             self._inform(trial, result)
+        if self.settings.slos and result.outcome is Outcome.SUCCESS:
+            # a config that misses an SLO is kept with its latencies; Optuna's best is feasible
+            set_constraints(trial, result.metrics, self.settings.slos)
         self._retry_cold(trial, result)
         if "warmup" in result.phases_s:
             self._warm = True

@@ -18,6 +18,8 @@ from autotune.errors import PlacementError
 #: first vLLM port of slot 0; slot i scans upward from PORT_BASE + i * PORT_STRIDE
 PORT_BASE = 29600
 PORT_STRIDE = 100
+#: first API-server port of slot 0 in serve mode, the same stride apart
+SERVE_PORT_BASE = 28000
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,11 @@ class Slot:
 
     def describe(self) -> str:
         return ",".join(map(str, self.device_ids)) or "-"
+
+    @property
+    def serve_port(self) -> int:
+        """Where this slot's serve trials look for a free port for vLLM's server."""
+        return SERVE_PORT_BASE + self.index * PORT_STRIDE
 
 
 def parse_gpus(text: str) -> list[int]:

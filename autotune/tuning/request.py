@@ -48,3 +48,11 @@ class RunRequest:
     #: let the study's pruner stop a sampled trial that is behind at the same share of the work
     #: (``--no-early-stop``: every trial runs whole)
     early_stop: bool = True
+    #: ``offline`` (time ``LLM.generate``) or ``serve`` (a server under load); None: the study's
+    #: stored mode (a new study: offline)
+    mode: str | None = None
+    #: serve mode's load: clients at once, and requests per second (None: all at once)
+    concurrency: int | None = None
+    request_rate: float | None = None
+    #: serve mode's latency bounds (``autotune.study.slo``); None: the study's stored ones
+    slos: dict[str, float] | None = None

@@ -103,6 +103,7 @@ def _measuring(req: RunRequest, inputs: RunInputs, s: Session, warm: WarmWorkers
         "requests_file": s.requests_file,
         "env": req.env,
         "warm": warm,
+        "engine": inputs.engine,
     }
 
 

@@ -4,6 +4,7 @@ baseline dealt with, and the budget set."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -94,6 +95,7 @@ def _new_settings(req: RunRequest, inputs: RunInputs, space: SearchSpace) -> Stu
         raise StudyError(f"study {inputs.name!r} does not exist yet; give --model to create it")
     engine = inputs.engine
     device_ids = sorted({i for s in inputs.pool.slots for i in s.device_ids})
+    serve = req.mode == "serve"
     return StudySettings(
         model=inputs.model,
         workload=(inputs.workload or parse_workload(DEFAULT_WORKLOAD)).to_dict(),
@@ -104,8 +106,33 @@ def _new_settings(req: RunRequest, inputs: RunInputs, space: SearchSpace) -> Stu
         distribution=engine.distribution,
         platform=engine.platform,
         gpus=gpu_names(device_ids) if engine.platform != "cpu" else [],
-        quality_budget=_quality_budget(req, space),
+        quality_budget=None if serve else _quality_budget(req, space),
+        mode=req.mode or "offline",
+        load={"concurrency": req.concurrency, "request_rate": req.request_rate} if serve else {},
+        slos=dict(req.slos or {}) if serve else {},
     )
+
+
+def _serve_space(req: RunRequest, space: SearchSpace) -> SearchSpace:
+    """Serve mode measures no quality probe yet: with the guard on, the space's lossy parameters
+    are left out (said so); ``--no-quality-check`` searches them unguarded (said so too)."""
+    lossy = lossy_parameters([p.name for p in space.parameters])
+    if not lossy:
+        return space
+    if req.quality_check and space.fixed.get("load_format") != "dummy":
+        _logger.warning(
+            "serve mode does not measure output quality yet: %s (which change the model's outputs) "
+            "left out of the search; --no-quality-check searches them unguarded",
+            ", ".join(lossy),
+        )
+        return dataclasses.replace(
+            space, parameters=tuple(p for p in space.parameters if p.name not in lossy)
+        )
+    _logger.warning(
+        "quality check OFF in serve mode: %s change the model's outputs and may win unmeasured",
+        ", ".join(lossy),
+    )
+    return space
 
 
 def _quality_budget(req: RunRequest, space: SearchSpace) -> float | None:
@@ -164,6 +191,8 @@ def open_session(req: RunRequest, inputs: RunInputs) -> Session:
     settings: StudySettings | None = None
     if existing is None:
         space = inputs.space or load_space_for(req.space, inputs.engine, inputs.pool, req.fixed, inputs.model)
+        if req.mode == "serve":
+            space = _serve_space(req, space)
         settings = _new_settings(req, inputs, space)
     else:
         space = _resumed_space(req, inputs, stored_settings(existing))
@@ -280,6 +309,19 @@ def _check_resume(name: str, stored: StudySettings, req: RunRequest, inputs: Run
         raise StudyError(
             f"study {name!r} maximises {stored.objective}; drop --objective or start a new --study"
         )
+    serve = {
+        "--mode": (req.mode, stored.mode),
+        "--concurrency": (req.concurrency, stored.load.get("concurrency")),
+        "--request-rate": (req.request_rate, stored.load.get("request_rate")),
+        "--slo": (req.slos, stored.slos),
+    }
+    for opt, (given, kept) in serve.items():
+        if given is not None and given != kept:
+            raise StudyError(
+                f"study {name!r} was created with {opt} {kept if kept not in (None, {}) else 'unset'}, "
+                f"not {given}: that changes what every trial was measured by; drop {opt} to resume "
+                "it, or start a new --study"
+            )
     if (req.quality_budget is not None and req.quality_budget != stored.quality_budget) or (
         not req.quality_check and stored.quality_budget is not None
     ):

@@ -1,0 +1,185 @@
+"""Serve mode's parts that need no engine: SLOs, the options' checks, the config as server flags
+and YAML, the benchmark client's arguments, and how a missed SLO keeps a trial from winning."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from autotune.errors import ServeError
+from autotune.space.engine_args import EngineInfo
+from autotune.space.flags import serve_args, serve_config
+from autotune.study.slo import METRICS, misses, parse_slos, set_constraints
+from autotune.study.trials import best_or_none
+from autotune.study.validation import top_configs
+from autotune.trial.record import TrialRecord
+from autotune.trial.serve_worker import bench_args, dataset_args, free_port, metrics_of
+from autotune.tuning.inputs import check_serve
+from autotune.tuning.request import RunRequest
+
+
+def test_slos_parse_and_bad_ones_name_the_fix():
+    assert parse_slos("ttft_p99_ms=500, tpot_p99_ms=50") == {"ttft_p99_ms": 500.0, "tpot_p99_ms": 50.0}
+    assert "e2el_mean_ms" in METRICS and "itl_p90_ms" in METRICS
+    for bad, words in (
+        ("ttft_p95_ms=500", "unknown metric 'ttft_p95_ms'"),
+        ("ttft_p99_ms", "METRIC=MILLISECONDS"),
+        ("ttft_p99_ms=-1", "positive number"),
+        ("ttft_p99_ms=fast", "positive number"),
+        ("ttft_p99_ms=1,ttft_p99_ms=2", "given twice"),
+        ("", "empty"),
+    ):
+        with pytest.raises(ServeError, match=words):
+            parse_slos(bad)
+    assert misses({"ttft_p99_ms": 600.0, "tpot_p99_ms": 10.0}, {"ttft_p99_ms": 500, "tpot_p99_ms": 50}) == {
+        "ttft_p99_ms": 600.0
+    }
+
+
+def test_serve_options_go_together():
+    with pytest.raises(ServeError, match="add --mode serve"):
+        check_serve(RunRequest(study="s", concurrency=8))
+    with pytest.raises(ServeError, match="--concurrency N"):
+        check_serve(RunRequest(study="s", mode="serve"))
+    check_serve(RunRequest(study="s", mode="serve", request_rate=4.0))
+    check_serve(RunRequest(study="s"))
+
+
+def test_the_cli_refuses_a_bad_slo_in_one_line(tmp_path: Path):
+    from tests.helpers import autotune
+
+    out = autotune(
+        "run", "--study", "x", "--studies-dir", str(tmp_path), "--mode", "serve", "--slo", "ttft=5"
+    )
+    assert out.returncode == 2
+    assert "unknown metric 'ttft'" in out.stderr and "Traceback" not in out.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_the_config_as_vllms_own_parser_reads_it_from_flags_and_from_yaml(engine: EngineInfo, tmp_path: Path):
+    """What a trial's server is started with and what the export writes are both read back by the
+    installed vLLM's own server parser into the same engine args."""
+    kwargs = {"model": "m", "max_num_seqs": 64, "enable_prefix_caching": False, "block_size": 32}
+    config = serve_config(kwargs, engine)
+    assert "model" not in config and config["max-num-seqs"] == 64
+    path = tmp_path / "best.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code = (
+        "import json, sys\n"
+        "try:\n"
+        "    from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "except ImportError:\n"
+        "    from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "p = make_arg_parser(FlexibleArgumentParser())\n"
+        "out = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    ns = p.parse_args(argv)\n"
+        "    out.append([ns.model, ns.max_num_seqs, ns.enable_prefix_caching, ns.block_size])\n"
+        "print(json.dumps(out))\n"
+    )
+    argvs = [["--model", "m", *serve_args(kwargs, engine)], ["--model", "m", "--config", str(path)]]
+    res = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(argvs)], capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    flags, from_yaml = json.loads(res.stdout.strip().splitlines()[-1])
+    assert flags == from_yaml == ["m", 64, False, 32]
+
+
+def test_benchmark_arguments_follow_the_workload_and_the_load(tmp_path: Path):
+    spec = {
+        "trial_dir": str(tmp_path),
+        "engine_kwargs": {"model": "m"},
+        "workload": {
+            "kind": "synthetic",
+            "count": 10,
+            "input_len": 64,
+            "output_len": 8,
+            "prefix_len": 16,
+            "seed": 3,
+        },
+        "serve": {"concurrency": 4, "request_rate": 2.5},
+        "sampling": {"temperature": 0.0, "top_p": 1.0},
+    }
+    args, requested = dataset_args(spec, "m")
+    assert requested == 80
+    pairs = dict(zip(args[::2], args[1::2], strict=True))
+    # vLLM's random dataset puts the prefix before input_len tokens: the workload's includes it
+    assert pairs["--random-input-len"] == "48" and pairs["--random-prefix-len"] == "16"
+    assert pairs["--random-range-ratio"] == "0" and pairs["--seed"] == "3"
+    bench = bench_args(spec, "http://127.0.0.1:1", "m", "m")
+    assert bench[bench.index("--max-concurrency") + 1] == "4"
+    assert bench[bench.index("--request-rate") + 1] == "2.5"
+    assert "--ignore-eos" in bench and bench[bench.index("--temperature") + 1] == "0.0"
+
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(
+        json.dumps({"prompt": "hi", "output_len": 5}) + "\n" + json.dumps({"prompt": "yo"}) + "\n"
+    )
+    spec["workload"] = {"kind": "jsonl", "count": None, "output_len": None, "seed": 0, "path": "x"}
+    spec["requests_file"] = str(requests)
+    args, requested = dataset_args(spec, "m")
+    rows = [json.loads(line) for line in (tmp_path / "serve_requests.jsonl").read_text().splitlines()]
+    assert rows == [{"prompt": "hi", "output_tokens": 5}, {"prompt": "yo", "output_tokens": 256}]
+    assert (
+        requested == 261
+        and "--skip-chat-template" in args
+        and args[args.index("--custom-output-len") + 1] == "-1"
+    )
+
+
+def test_metrics_from_vllms_benchmark_result():
+    result = {
+        "duration": 2.0,
+        "completed": 10,
+        "failed": 0,
+        "total_input_tokens": 640,
+        "total_output_tokens": 80,
+        "request_throughput": 5.0,
+        "output_throughput": 40.0,
+        "total_token_throughput": 360.0,
+        "mean_ttft_ms": 12.0,
+        "p99_ttft_ms": 30.0,
+        "p50_tpot_ms": 2.0,
+    }
+    m = metrics_of(result, 80)
+    assert m["output_tokens_per_s"] == 40.0 and m["requests_per_s"] == 5.0 and m["generate_s"] == 2.0
+    assert m["ttft_mean_ms"] == 12.0 and m["ttft_p99_ms"] == 30.0 and m["tpot_p50_ms"] == 2.0
+    assert set(METRICS) <= set(m)
+
+
+def test_free_port_skips_a_taken_one():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        assert free_port(taken) != taken
+
+
+def test_a_config_that_misses_an_slo_never_wins_nor_is_validated():
+    study = optuna.create_study(direction="maximize")
+    slos = {"ttft_p99_ms": 500.0}
+    for value, ttft, n in ((100.0, 200.0, 1), (300.0, 900.0, 2), (200.0, 400.0, 3)):
+
+        def objective(trial: optuna.Trial, value=value, ttft=ttft, n=n) -> float:
+            TrialRecord(engine_kwargs={"model": "m", "max_num_seqs": n}, metrics={"ttft_p99_ms": ttft}).write(
+                trial
+            )
+            set_constraints(trial, {"ttft_p99_ms": ttft}, slos)
+            return value
+
+        study.optimize(objective, n_trials=1)
+    fastest_but_late = study.trials[1]
+    assert fastest_but_late.constraints == {"ttft_p99_ms": 400.0}
+    best = best_or_none(study)
+    assert best is not None and best.number == 2
+    assert [t.number for t in top_configs(study, 3)] == [2, 0]
