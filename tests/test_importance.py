@@ -131,10 +131,19 @@ def test_which_failures_count_as_infeasible():
     assert infeasible_kind(optuna.trial.create_trial(value=1.0)) is None
 
 
-def test_export_section_never_raises():
-    study = optuna.create_study(directions=["maximize", "minimize"])
-    doc = importance_section(study)
-    assert doc["status"] == "error" and "several objectives" in doc["message"]
+def test_export_section_never_raises(monkeypatch):
+    import autotune.analysis.importance as importance
+
+    study = optuna.create_study(directions=["maximize", "minimize"])  # ranks the first objective
+    assert importance_section(study)["status"] == "ok"
+    for error in (importance.ImportanceError("no scikit-learn"), RuntimeError("a bug")):
+
+        def broken(*_, error=error, **__):
+            raise error
+
+        monkeypatch.setattr(importance, "compute_importance", broken)
+        doc = importance_section(study)
+        assert doc["status"] == "error" and str(error) in doc["message"]
 
 
 @pytest.mark.skipif(not H200_DB.is_file(), reason=f"{H200_DB} is not in this checkout")

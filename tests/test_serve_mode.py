@@ -121,3 +121,23 @@ def test_serve_study_keeps_slo_misses_from_winning_and_exports_a_server(tmp_path
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         log.close()
+
+
+def test_a_pareto_serve_study_on_the_real_engine(tmp_path: Path, tiny_model: Path):
+    """Two objectives: throughput up, TTFT p99 down; the front is what no other config beats on both."""
+    studies = tmp_path / "studies"
+    run = autotune(
+        *("run", "--mode", "serve", "--model", str(tiny_model), "--space", "cpu", "--workload", WORKLOAD),
+        *("--trials", "2", "--concurrency", "16", "--objectives", "throughput,ttft_p99", "--enqueue", SLOW),
+        *("--study", "front", "--studies-dir", str(studies), "--no-bar", "--trial-timeout", "400"),
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "Pareto front (output_tokens_per_s, ttft_p99_ms): #0 " in run.stdout
+    study = optuna.load_study(study_name="front", storage=f"sqlite:///{studies}/front.db")
+    baseline, slow = study.get_trials()
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    for t in (baseline, slow):
+        metrics = t.user_attrs["metrics"]
+        assert t.values == [metrics["output_tokens_per_s"], metrics["ttft_p99_ms"]]
+    # one request at a time for 16 clients: slower and later to answer than vLLM's defaults
+    assert [t.number for t in study.best_trials] == [baseline.number]

@@ -183,3 +183,109 @@ def test_a_config_that_misses_an_slo_never_wins_nor_is_validated():
     best = best_or_none(study)
     assert best is not None and best.number == 2
     assert [t.number for t in top_configs(study, 3)] == [2, 0]
+
+
+def test_objectives_parse_with_aliases_and_refuse_what_cannot_be_measured():
+    from autotune.errors import StudyError
+    from autotune.study.objectives import direction, parse_objectives
+
+    assert parse_objectives("throughput,ttft_p99", serve=True) == ["output_tokens_per_s", "ttft_p99_ms"]
+    assert [direction(n) for n in ("output_tokens_per_s", "ttft_p99_ms")] == ["maximize", "minimize"]
+    for text, serve, words in (
+        ("throughput,ttft_p99", False, "serve mode only"),
+        ("throughput", True, "two or more"),
+        ("throughput,speed", True, "unknown metric 'speed'"),
+        ("throughput,output_tokens_per_s", True, "twice"),
+    ):
+        with pytest.raises(StudyError, match=words):
+            parse_objectives(text, serve=serve)
+
+
+def _pareto_study(tmp_path: Path) -> optuna.Study:
+    """A serve study of two objectives and an SLO, its trials recorded as the tuner records them."""
+    from autotune.study.lifecycle import create_or_resume
+    from autotune.study.settings import StudySettings
+    from autotune.trial.record import Outcome, Role
+
+    settings = StudySettings(
+        model="m",
+        workload={
+            "kind": "synthetic",
+            "count": 8,
+            "input_len": 8,
+            "output_len": 8,
+            "prefix_len": 0,
+            "seed": 0,
+        },
+        space={"fixed": {}, "parameters": {"max_num_seqs": {"type": "int", "low": 1, "high": 512}}},
+        mode="serve",
+        load={"concurrency": 8, "request_rate": None},
+        slos={"e2el_p99_ms": 1000.0},
+        objectives=["output_tokens_per_s", "ttft_p99_ms"],
+    )
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/p.db")
+    study, _, _ = create_or_resume("p", storage, settings)
+    # (max_num_seqs, tok/s, ttft p99, e2el p99): #1 and #3 are the front; #4 is fastest but late
+    measured = [
+        (None, 100.0, 50.0, 500.0),
+        (64, 120.0, 60.0, 600.0),
+        (2, 40.0, 300.0, 900.0),
+        (8, 90.0, 30.0, 400.0),
+    ]
+    measured.append((512, 200.0, 20.0, 2000.0))
+    for n, tok, ttft, e2el in measured:
+
+        def objective(trial: optuna.Trial, n=n, tok=tok, ttft=ttft, e2el=e2el) -> tuple[float, float]:
+            kwargs = (
+                {"model": "m"}
+                if n is None
+                else {"model": "m", "max_num_seqs": trial.suggest_int("max_num_seqs", 1, 512)}
+            )
+            metrics = {"output_tokens_per_s": tok, "ttft_p99_ms": ttft, "e2el_p99_ms": e2el}
+            TrialRecord(Outcome.SUCCESS, metrics, engine_kwargs=kwargs, trial_dir=str(tmp_path)).write(trial)
+            set_constraints(trial, metrics, settings.slos)
+            return tok, ttft
+
+        if n is not None:
+            study.enqueue_trial({"max_num_seqs": n}, user_attrs=TrialRecord(role=Role.ENQUEUED).attrs())
+        study.optimize(objective, n_trials=1)
+    return study
+
+
+def test_a_pareto_study_answers_with_its_feasible_front_everywhere(tmp_path: Path, engine: EngineInfo):
+    from autotune.output.export import build_export
+    from autotune.output.report import write_report
+    from autotune.output.show import format_show, show_doc
+    from autotune.output.summary import format_summary
+    from autotune.study.objectives import front
+    from autotune.study.trials import summary
+
+    study = _pareto_study(tmp_path)
+    assert [t.number for t in front(study)] == [1, 0, 3]  # by throughput; #4 misses its SLO
+    best = best_or_none(study)
+    assert best is not None and best.number == 1
+
+    doc = show_doc(study)
+    assert [p["trial"] for p in doc["pareto_front"]] == [1, 0, 3]
+    text = format_show(doc)
+    assert "a Pareto front" in text and "ttft_p99_ms (lower is better)" in text
+    assert "misses SLO: e2el_p99_ms" in text
+
+    out = summary(study)
+    assert out["best"]["trial"] == 1 and [p["trial"] for p in out["pareto_front"]] == [1, 0, 3]
+    assert "Pareto front (output_tokens_per_s, ttft_p99_ms): #1 " in format_summary(out)
+
+    exported = build_export(study, engine, "sqlite://", importance={}, trial=3)
+    assert exported["trial_number"] == 3 and exported["values"] == {
+        "output_tokens_per_s": 90.0,
+        "ttft_p99_ms": 30.0,
+    }
+    assert [p["trial_number"] for p in exported["pareto_front"]] == [1, 0, 3]
+    assert exported["pareto_front"][0]["vllm_serve_command"].startswith("vllm serve m --max-num-seqs 64")
+    assert exported["serve"]["slo_misses"] == {}
+    with pytest.raises(Exception, match="--trial 9"):
+        build_export(study, engine, "sqlite://", importance={}, trial=9)
+
+    page = write_report(study, tmp_path / "r.html", importance_kwargs={"n_jobs": 1}).read_text()
+    assert '<section id="tradeoff"><h2>Pareto front</h2><figure><img' in page
+    assert "misses its SLO: e2el_p99_ms 2,000.0 ms" in page

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.analysis.quality import quality_of
+from autotune.study.objectives import primary_value
 from autotune.study.settings import raw_settings
 from autotune.study.slo import misses
 from autotune.study.trials import baseline_trial, ratio
@@ -108,7 +109,7 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
     """Every trial of ``study``, in order; params are the values as run (defaults resolved)."""
     base = baseline_trial(study)
     defaults = baseline_engine(study)
-    base_value = base.value if base is not None else None
+    base_value = primary_value(base) if base is not None else None
     names = searched_names(study)
     settings = raw_settings(study)
     budget, fixed = settings.get("quality_budget"), (settings.get("space") or {}).get("fixed") or {}
@@ -135,8 +136,8 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
                 state=t.state.name,
                 outcome=outcome,
                 role=record.role.value,
-                value=t.value if complete else None,
-                speedup=ratio(t.value, base_value) if complete else None,
+                value=primary_value(t) if complete else None,
+                speedup=ratio(primary_value(t), base_value) if complete else None,
                 wall_s=record.wall_s,
                 params=params,
                 error=error,

@@ -47,6 +47,7 @@ def _run_request(args: argparse.Namespace, **given: Any) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Create or resume a study and run ``--trials`` trials of it."""
+    from autotune.study.objectives import parse_objectives
     from autotune.study.slo import parse_slos
     from autotune.tuning.placement import parse_gpus
     from autotune.tuning.run import run_study
@@ -62,6 +63,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         request_rate=args.request_rate,
         slos=parse_slos(args.slo) if args.slo is not None else None,
+        objectives=parse_objectives(args.objectives, serve=args.mode == "serve")
+        if args.objectives is not None
+        else None,
     )
     _print_summary(args, run_study(request))
     return 0
@@ -147,21 +151,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def export(study_name: str, storage: str | None, studies_dir: Any, out: Any, *, importance: bool) -> None:
+def export(
+    study_name: str,
+    storage: str | None,
+    studies_dir: Any,
+    out: Any,
+    *,
+    importance: bool,
+    trial: int | None = None,
+) -> None:
     """Write the study's best config as JSON (see :mod:`autotune.output.export`)."""
-    from autotune.output.export import build_export, config_path, exportable_best, write_export
+    from autotune.output.export import build_export, chosen_trial, config_path, exportable_best, write_export
     from autotune.space.engine_args import describe_engine
     from autotune.study.lifecycle import open_study
 
     study, url = open_study(study_name, storage, studies_dir)
     exportable_best(study)  # no completed trial: say so before any ranking is computed
+    if trial is not None:
+        chosen_trial(study, trial)
     section: dict[str, Any] = {"status": "skipped", "message": "exported with --no-importance"}
     if importance:
         from autotune.analysis.importance import export_importance
 
         section, line = export_importance(study)
         _logger.info("%s", line)
-    doc = build_export(study, describe_engine(), url, importance=section, config_file=config_path(out))
+    doc = build_export(
+        study, describe_engine(), url, importance=section, config_file=config_path(out), trial=trial
+    )
     path = write_export(doc, out)
     validation = doc["validation"]
     _logger.info("exported trial #%d (%s) to %s", doc["trial_number"], doc["objective"], path)
@@ -173,7 +189,14 @@ def export(study_name: str, storage: str | None, studies_dir: Any, out: Any, *, 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write the study's best config as JSON."""
-    export(args.study, args.storage, args.studies_dir, args.out, importance=not args.no_importance)
+    export(
+        args.study,
+        args.storage,
+        args.studies_dir,
+        args.out,
+        importance=not args.no_importance,
+        trial=args.trial,
+    )
     return 0
 
 

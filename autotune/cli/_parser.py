@@ -251,8 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"search space: a YAML file, or a bundled space ({_bundled()}; default: the one for "
         "the installed vLLM's platform)",
     )
-    run.add_argument(
+    goal = run.add_mutually_exclusive_group()
+    goal.add_argument(
         "--objective", choices=OBJECTIVES, help="metric to maximise (default output_tokens_per_s)"
+    )
+    goal.add_argument(
+        "--objectives",
+        metavar="A,B,...",
+        help="several metrics for a Pareto front, e.g. throughput,ttft_p99 (latencies: serve mode; "
+        "throughputs maximised, latencies minimised); the study's answer is the configs no other "
+        "beats on every one",
     )
     _study_args(run, writes=True)
     _run_args(run)
@@ -276,7 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
         common,
     )
     _study_args(export, writes=False)
-    export.add_argument("--out", required=True, type=Path, help="JSON file to write")
+    export.add_argument("--out", required=True, type=Path, help="JSON file to write (and a YAML beside it)")
+    export.add_argument(
+        "--trial",
+        type=int,
+        metavar="N",
+        help="export trial N (e.g. a point of a Pareto front) instead of the validated winner or the best",
+    )
     export.add_argument(
         "--no-importance", action="store_true", help="skip the parameter importance ranking (seconds)"
     )

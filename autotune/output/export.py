@@ -20,6 +20,7 @@ from autotune.trial.serve_worker import SERVER_MODULE
 
 if TYPE_CHECKING:
     from autotune.analysis.verdict import Verdict
+from autotune.study.objectives import front, primary_value
 from autotune.study.settings import StudySettings, stored_settings
 from autotune.study.trials import baseline_trial, best_or_none, ratio, state_counts
 from autotune.trial.record import Role, TrialRecord
@@ -48,12 +49,15 @@ def build_export(
     *,
     importance: dict[str, Any] | None = None,
     config_file: str | Path = "best.yaml",
+    trial: int | None = None,
 ) -> dict[str, Any]:
     """The export document for the study's best trial.
 
     Args:
         config_file: Where :func:`write_export` puts the ``vllm serve --config`` YAML (the
             commands name it).
+        trial: Export this completed trial (e.g. a point of a Pareto front) instead of the
+            validated winner or the best.
         importance: The ``importance`` entry (:func:`autotune.analysis.importance.export_importance`);
             computed here when None.
 
@@ -68,7 +72,9 @@ def build_export(
     best = exportable_best(study)
     base = baseline_trial(study)
     verdict = study_verdict(study)
-    if verdict is not None and verdict.rounds:
+    if trial is not None:
+        best, verdict = chosen_trial(study, trial), None
+    elif verdict is not None and verdict.rounds:
         # the validated winner; "keep vLLM's defaults": the baseline, i.e. the fixed args alone
         best = study.trials[verdict.winner] if verdict.winner is not None else (base or best)
     record = TrialRecord.of(best)
@@ -82,7 +88,8 @@ def build_export(
         "trial_number": best.number,
         "is_baseline": record.role is Role.BASELINE,
         "objective": settings.objective,
-        "value": best.value,
+        "value": primary_value(best),
+        "values": dict(zip(settings.values, best.values or [], strict=False)),
         "engine_kwargs": kwargs,
         "vllm_serve_args": args,
         "vllm_serve_command": serve_command(kwargs, engine),
@@ -93,7 +100,7 @@ def build_export(
         if base is None or base_record is None
         else {
             "trial_number": base.number,
-            "value": base.value,
+            "value": primary_value(base),
             "metrics": _metrics(base_record),
             "resolved_engine_config": base_record.engine,
         },
@@ -112,6 +119,7 @@ def build_export(
         "gpu": {"names": settings.gpus, "count": len(settings.gpus)},
         "trials": state_counts(study),
         "importance": importance if importance is not None else importance_section(study),
+        "pareto_front": _front(study, settings, engine) if len(study.directions) > 1 else None,
         "exported_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -152,7 +160,7 @@ def _speedup(
     """The validated speedup when there is one; else the single search measurement's ratio."""
     if verdict is not None and verdict.rounds:
         return float(verdict.to_dict()["speedup"])
-    return ratio(best.value, base.value if base is not None else None)
+    return ratio(primary_value(best), primary_value(base) if base is not None else None)
 
 
 def _validation(verdict: Verdict | None) -> dict[str, Any]:
@@ -163,6 +171,40 @@ def _validation(verdict: Verdict | None) -> dict[str, Any]:
             "best again in rounds beside vLLM's defaults",
         }
     return {"status": "validated", **verdict.to_dict()}
+
+
+def chosen_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
+    """Trial ``number``, which must have completed.
+
+    Raises:
+        StudyError: no such trial, or it has no measurement.
+    """
+    if not 0 <= number < len(study.trials):
+        raise StudyError(f"--trial {number}: study {study.study_name!r} has trials 0-{len(study.trials) - 1}")
+    t = study.trials[number]
+    if t.state is not optuna.trial.TrialState.COMPLETE:
+        raise StudyError(
+            f"--trial {number}: that trial is {t.state.name}, not a measured config "
+            "(`autotune show` lists the trials)"
+        )
+    duplicate_of = TrialRecord.of(t).duplicate_of
+    return study.trials[duplicate_of] if duplicate_of is not None else t
+
+
+def _front(study: optuna.Study, settings: StudySettings, engine: EngineInfo) -> list[dict[str, Any]]:
+    """Each point of a Pareto study's front: its values and the command that serves it."""
+    out = []
+    for t in front(study):
+        kwargs = dict(TrialRecord.of(t).engine_kwargs or {"model": settings.model})
+        out.append(
+            {
+                "trial_number": t.number,
+                "values": dict(zip(settings.values, t.values, strict=False)),
+                "engine_kwargs": kwargs,
+                "vllm_serve_command": serve_command(kwargs, engine),
+            }
+        )
+    return out
 
 
 def exportable_best(study: optuna.Study) -> optuna.trial.FrozenTrial:

@@ -13,6 +13,7 @@ from autotune.analysis.verdict import study_verdict
 from autotune.errors import AutotuneError, StorageError, StudyError
 from autotune.output.text import fmt, table
 from autotune.study.budget import counted_trials
+from autotune.study.objectives import primary_value
 from autotune.study.settings import budget, raw_settings
 from autotune.study.trials import baseline_value, best_or_none, ratio
 from autotune.study.validation import is_validation_study
@@ -79,10 +80,10 @@ def summarize_study(study: optuna.Study, storage: str) -> StudySummary:
         n_trials=len(trials),
         budget=budget(study) if settings else None,
         used=counted_trials(study) if settings else None,
-        best_value=best.value if best is not None else None,
+        best_value=primary_value(best) if best is not None else None,
         best_trial=best.number if best is not None else None,
         baseline_value=base_value,
-        speedup=ratio(best.value, base_value) if best is not None else None,
+        speedup=ratio(primary_value(best), base_value) if best is not None else None,
         validation=_validation(study) if settings else None,
         vllm=f"{settings.get('distribution', '')} {settings.get('vllm_version', '')}".strip(),
         started=min(starts).isoformat(timespec="seconds") if starts else None,

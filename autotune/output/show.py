@@ -9,6 +9,8 @@ from autotune.analysis.quality import quality_text
 from autotune.analysis.records import trial_rows
 from autotune.output.listing import summarize_study
 from autotune.output.text import fmt, indent, table
+from autotune.study.objectives import describe as describe_objectives
+from autotune.study.objectives import front
 from autotune.study.settings import raw_settings
 from autotune.study.slo import describe as describe_slos
 from autotune.study.trials import baseline_trial
@@ -90,6 +92,10 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
         "mode": settings.get("mode") or "offline",
         "load": settings.get("load") or {},
         "slos": settings.get("slos") or {},
+        "objectives": settings.get("objectives") or [],
+        "pareto_front": [{"trial": t.number, "values": list(t.values)} for t in front(study)]
+        if len(study.directions) > 1
+        else None,
         "validation": summary.validation,  # its rounds judged once, for ls and show alike
         "trials": [dataclasses.asdict(r) for r in rows],
     }
@@ -118,6 +124,18 @@ def _validation_lines(v: dict[str, Any] | None) -> list[str]:
     if rows:
         lines.append(indent(table(["config of", "speedup", "95 % CI", "each round (x defaults)"], rows)))
     return lines
+
+
+def _front_lines(doc: dict[str, Any]) -> list[str]:
+    points = doc["pareto_front"]
+    if not points:
+        return ["Pareto front: no feasible completed trial yet."]
+    rows = [[f"#{p['trial']}", *(fmt(v) for v in p["values"])] for p in points]
+    return [
+        f"Pareto front: {len(points)} config(s) no other beats on every objective "
+        "(`autotune export --trial N` exports one)",
+        indent(table(["trial", *doc["objectives"]], rows, set(range(len(doc["objectives"]) + 1)))),
+    ]
 
 
 def _serve_lines(doc: dict[str, Any]) -> list[str]:
@@ -167,7 +185,9 @@ def format_show(doc: dict[str, Any]) -> str:
         f"Study {doc['study']}" + (f"  ({doc['storage']})" if doc["storage"] else ""),
         f"  model        {doc['model'] or '-'}",
         f"  workload     {doc['workload']}",
-        f"  objective    {doc['objective'] or '-'} ({doc['direction']})",
+        f"  objective    {doc['objective'] or '-'} ({doc['direction']})"
+        if not doc.get("objectives")
+        else f"  objectives   {describe_objectives(doc['objectives'])}: a Pareto front",
         *_serve_lines(doc),
         f"  vLLM         {doc['vllm'] or '-'} on {doc['platform'] or '?'}{gpu_text}",
         f"  fixed        {', '.join(f'{k}={fmt(v)}' for k, v in doc['fixed'].items()) or '-'}",
@@ -204,6 +224,8 @@ def format_show(doc: dict[str, Any]) -> str:
                 for c in doc["best_vs_baseline"]
             ]
             lines.append(indent(table(["parameter", "vLLM default", "best", "changed"], rows)))
+    if doc.get("pareto_front") is not None:
+        lines += ["", *_front_lines(doc)]
     lines += ["", _quality_line(doc.get("quality_budget"), doc.get("mode") or "offline")]
     lines += ["", *_validation_lines(doc.get("validation"))]
     lines += ["", "Trials"]

@@ -36,8 +36,17 @@ def format_summary(summary: dict[str, Any], where: str = "") -> str:
             f"x{summary['speedup_over_baseline']:.3f} over vLLM's defaults "
             f"(trial #{base_trial}, {fmt(base_value)}; one measurement each)"
         )
+    front = summary.get("pareto_front")
+    if front:
+        lines.append(
+            f"Pareto front ({', '.join(summary.get('objectives') or [])}): "
+            + "; ".join(f"#{p['trial']} " + " / ".join(fmt(v) for v in p["values"]) for p in front)
+            + "  (autotune export --trial N exports any point)"
+        )
     validation = summary.get("validation") or {"status": "not validated"}
-    if validation.get("status") == "not validated":
+    if front:
+        pass  # a front is not validated in rounds: said by the run
+    elif validation.get("status") == "not validated":
         if best is not None and base_value is not None:
             lines.append(
                 "not validated: `autotune validate` measures the best configs again in rounds beside "

@@ -108,7 +108,7 @@ def create_or_resume(
         study = optuna.create_study(
             study_name=name,
             storage=storage,
-            direction="maximize",
+            directions=settings.directions,
             sampler=make_sampler(settings.seed, 0, n_startup_trials, worker=worker),
             pruner=make_pruner(),
         )
@@ -138,6 +138,7 @@ def _check_compatible(name: str, stored: StudySettings, given: StudySettings) ->
         ("--workload", stored.workload, given.workload),
         ("fixed engine args", stored.fixed, given.fixed),
         ("--objective", stored.objective, given.objective),
+        ("--objectives", stored.objectives, given.objectives),
     ):
         if a != b:
             raise StudyError(

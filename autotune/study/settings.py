@@ -13,6 +13,8 @@ from autotune.trial.spec import DEFAULT_SAMPLING
 if TYPE_CHECKING:
     import optuna
 
+    from autotune.study.objectives import Direction
+
 #: Metrics a study may maximise; every trial reports all of them.
 OBJECTIVES = ("output_tokens_per_s", "total_tokens_per_s", "requests_per_s")
 DEFAULT_WORKLOAD = "synthetic:count=1000,input_len=256,output_len=256"
@@ -54,6 +56,9 @@ class StudySettings:
     load: dict[str, Any] = field(default_factory=dict)
     #: serve mode's latency bounds, ms (see :mod:`autotune.study.slo`)
     slos: dict[str, float] = field(default_factory=dict)
+    #: a multi-objective study's metrics, in order (see :mod:`autotune.study.objectives`); empty:
+    #: ``objective`` alone
+    objectives: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,6 +67,17 @@ class StudySettings:
     def from_dict(cls, data: dict[str, Any]) -> StudySettings:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def values(self) -> list[str]:
+        """The metrics each trial's values are, in order."""
+        return list(self.objectives) or [self.objective]
+
+    @property
+    def directions(self) -> list[Direction]:
+        from autotune.study.objectives import direction
+
+        return [direction(n) for n in self.values]
 
     @property
     def fixed(self) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import optuna
 
+from autotune.study.objectives import front, primary_value
 from autotune.trial.record import INFEASIBLE, Role, TrialRecord
 
 
@@ -18,8 +19,9 @@ def baseline_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 
 
 def baseline_value(study: optuna.Study) -> float | None:
+    """The baseline's value of the study's (first) objective."""
     base = baseline_trial(study)
-    return base.value if base is not None else None
+    return primary_value(base) if base is not None else None
 
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
@@ -34,9 +36,11 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial:
 
 
 def best_or_none(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """:func:`best_trial`, or None while no trial has completed (or the study has several objectives)."""
+    """:func:`best_trial`, or None while no trial has completed; of a study with several
+    objectives, the point of its Pareto front best on the first."""
     if len(study.directions) != 1:
-        return None
+        points = front(study)
+        return points[0] if points else None
     try:
         return best_trial(study)
     except ValueError:
@@ -59,7 +63,7 @@ def find_duplicate(study: optuna.Study, engine_kwargs: dict[str, Any]) -> optuna
     ]
     # a measurement first: a config that ran out of memory once and completed later is usable
     for t in same:
-        if t.state is optuna.trial.TrialState.COMPLETE and t.value is not None:
+        if t.state is optuna.trial.TrialState.COMPLETE and t.values is not None:
             return t
     for t in same:
         record = TrialRecord.of(t)
@@ -96,13 +100,16 @@ def summary(study: optuna.Study) -> dict[str, Any]:
         return out
     out["best"] = {
         "trial": best.number,
-        "value": best.value,
+        "value": primary_value(best),
         "engine_kwargs": TrialRecord.of(best).engine_kwargs,
     }
+    if len(study.directions) > 1:
+        out["objectives"] = stored_settings(study).values
+        out["pareto_front"] = [{"trial": t.number, "values": t.values} for t in front(study)]
     base = baseline_trial(study)
     out["baseline_trial"] = base.number if base is not None else None
-    out["baseline_value"] = base.value if base is not None else None
-    out["speedup_over_baseline"] = ratio(best.value, out["baseline_value"])
+    out["baseline_value"] = primary_value(base) if base is not None else None
+    out["speedup_over_baseline"] = ratio(primary_value(best), out["baseline_value"])
     return out
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import optuna
 
 from autotune.study.lifecycle import load_existing
+from autotune.study.objectives import primary_value
 from autotune.trial.record import Outcome, Role, TrialRecord
 
 SUFFIX = ":validation"
@@ -60,7 +61,7 @@ def top_configs(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
     seen = [kw for kw in baseline_kwargs if kw is not None]
     out = []
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    for t in sorted((t for t in done if t.value is not None), key=lambda t: -float(t.value or 0.0)):
+    for t in sorted((t for t in done if t.values), key=lambda t: -float(primary_value(t) or 0.0)):
         record = TrialRecord.of(t)
         if record.duplicate_of is not None or record.engine_kwargs is None or record.engine_kwargs in seen:
             continue

@@ -155,10 +155,14 @@ def _work(study: optuna.Study, objective: str) -> float | None:
     return float(metrics[objective]) * float(metrics["generate_s"])
 
 
-def value_of(result: TrialRecord, objective: str) -> float:
-    """The trial's value; out of memory, an invalid config or outputs that drift beyond the quality
-    budget prune it (the sampler learns to avoid the region), a timeout or crash fails it."""
+def value_of(result: TrialRecord, objective: str | list[str]) -> Any:
+    """The trial's value (a tuple of them for several objectives); out of memory, an invalid config
+    or outputs that drift beyond the quality budget prune it (the sampler learns to avoid the
+    region), a timeout or crash fails it."""
     if result.outcome is Outcome.SUCCESS:
+        if isinstance(objective, list):
+            values = tuple(float(result.metrics[n]) for n in objective)
+            return values if len(values) > 1 else values[0]
         return float(result.metrics[objective])
     if result.outcome is Outcome.STOPPED:  # behind at the same share: what pruning is for
         raise optuna.TrialPruned(f"{result.error_type}: {result.error}")

@@ -76,7 +76,7 @@ class Objective(Measuring):
             params = self.space.suggest(trial)
         return {**self.space.fixed, **params}
 
-    def __call__(self, trial: optuna.Trial) -> float:
+    def __call__(self, trial: optuna.Trial) -> float | tuple[float, ...]:
         config = self.config_for(trial)
         trial_dir = self.study_dir / "trials" / str(trial.number)
         engine_kwargs = {"model": self.settings.model, **config}
@@ -91,9 +91,9 @@ class Objective(Measuring):
             # that could not be used (out of memory, invalid, over the quality budget) is pruned again
             TrialRecord(outcome=Outcome.DUPLICATE, duplicate_of=earlier.number).write(trial)
             copy_constraints(trial, earlier)
-            if earlier.value is None:
+            if earlier.values is None:
                 raise optuna.TrialPruned(f"same config as trial #{earlier.number}, which was pruned")
-            return earlier.value
+            return earlier.values[0] if len(earlier.values) == 1 else tuple(earlier.values)
         if self.budget is not None and over_budget(trial.study, trial, self.budget):
             self._give_back(trial)
         with self.pool.take() as slot:
@@ -170,4 +170,4 @@ class Objective(Measuring):
         self._retry_cold(trial, result)
         if "warmup" in result.phases_s:
             self._warm = True
-        return value_of(result, self.settings.objective)
+        return value_of(result, self.settings.values)

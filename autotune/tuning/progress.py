@@ -13,6 +13,7 @@ import optuna
 
 from autotune._logging import get_logger
 from autotune.study.budget import counted_trials
+from autotune.study.objectives import primary_value
 from autotune.study.trials import baseline_value, best_or_none
 from autotune.trial.outcome import error_summary
 from autotune.trial.record import Outcome, Role, TrialRecord
@@ -55,6 +56,8 @@ class Progress:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     parallel: int = 1
+    #: a Pareto study's objectives after the first (their values are logged beside it)
+    others: tuple[str, ...] = ()
     #: running trials of this process: number -> (phase, when it began)
     _running: dict[int, tuple[str, float]] = field(default_factory=dict)
     _walls: list[float] = field(default_factory=list)
@@ -182,14 +185,23 @@ class Progress:
         self, study: optuna.Study, trial: optuna.trial.FrozenTrial, record: TrialRecord, counted: int
     ) -> None:
         base_value = baseline_value(study)
-        if trial.state == optuna.trial.TrialState.COMPLETE and trial.value is not None:
-            speed = f" (x{trial.value / base_value:.2f} vs defaults)" if base_value else ""
-            what = f"{trial.value:,.1f} {self.objective}{speed}"
+        value = primary_value(trial)
+        if trial.state == optuna.trial.TrialState.COMPLETE and value is not None:
+            speed = f" (x{value / base_value:.2f} vs defaults)" if base_value else ""
+            what = f"{value:,.1f} {self.objective}{speed}"
+            if len(trial.values or ()) > 1:
+                what += "".join(
+                    f", {v:,.1f} {n}" for n, v in zip(self.others, trial.values[1:], strict=False)
+                )
+            if missed := [n for n, v in trial.constraints.items() if v > 0]:
+                what += f" [misses SLO: {', '.join(missed)}]"
         else:
             what = f"{trial.state.name} [{record.error_type}] " + error_summary(record.error or "")[:160]
         best = best_or_none(study)
         best_txt = (
-            f"best {best.value:,.1f} (#{best.number})" if best is not None else "no completed trial yet"
+            f"best {primary_value(best) or 0.0:,.1f} (#{best.number})"
+            if best is not None
+            else "no completed trial yet"
         )
         eta = self._eta(max(0, self.budget - counted))
         params = record.searched_config or trial.params

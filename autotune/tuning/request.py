@@ -56,3 +56,5 @@ class RunRequest:
     request_rate: float | None = None
     #: serve mode's latency bounds (``autotune.study.slo``); None: the study's stored ones
     slos: dict[str, float] | None = None
+    #: a Pareto study's metrics (``--objectives``, parsed); None: the study's stored ones
+    objectives: list[str] | None = None

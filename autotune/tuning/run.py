@@ -57,7 +57,12 @@ def run_study(req: RunRequest) -> dict[str, Any]:
         session = open_session(req, inputs)
         finished = req.validate_only or optimize(req, inputs, session, warm)
         verdict = None
-        if finished and req.validate_rounds > 0:
+        if len(session.settings.values) > 1 and req.validate_rounds > 0:
+            _logger.info(
+                "a Pareto study is not validated in rounds (a verdict judges one objective): each front "
+                "point is one measurement; `autotune export --trial N` exports any of them"
+            )
+        elif finished and req.validate_rounds > 0:
             verdict = validate_session(req, inputs, session, warm)
         elif req.validate_rounds > 0:
             _logger.info("the search is not finished: no validation yet (the same command resumes both)")
@@ -208,13 +213,15 @@ def optimize(req: RunRequest, inputs: RunInputs, s: Session, warm: WarmWorkers |
         started=started,
         short_measurement_s=SHORT_MEASUREMENT_S if req.warn_short_measurement else None,
         parallel=len(slots),
+        others=tuple(s.settings.values[1:]),
     )
     objective = Objective(
         space=s.space,
         budget=s.total,
         on_phase=progress.phase,
         informed_start=req.informed_start,
-        early_stop=req.early_stop,
+        # Optuna's pruners (and trial.report) take one objective
+        early_stop=req.early_stop and len(s.settings.values) == 1,
         engine_args=frozenset(inputs.engine.args),
         **_measuring(req, inputs, s, warm),
     )

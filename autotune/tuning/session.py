@@ -100,7 +100,8 @@ def _new_settings(req: RunRequest, inputs: RunInputs, space: SearchSpace) -> Stu
         model=inputs.model,
         workload=(inputs.workload or parse_workload(DEFAULT_WORKLOAD)).to_dict(),
         space=space.to_dict(),
-        objective=req.objective or "output_tokens_per_s",
+        objective=(req.objectives or [req.objective or "output_tokens_per_s"])[0],
+        objectives=list(req.objectives or []),
         seed=req.seed,
         vllm_version=engine.vllm_version,
         distribution=engine.distribution,
@@ -304,6 +305,10 @@ def _check_resume(name: str, stored: StudySettings, req: RunRequest, inputs: Run
         raise StudyError(
             f"study {name!r} was created with another --workload ({stored.workload}); drop "
             "--workload to resume it, or start a new --study"
+        )
+    if req.objectives is not None and req.objectives != stored.objectives:
+        raise StudyError(
+            f"study {name!r} optimises {', '.join(stored.values)}; drop --objectives or start a new --study"
         )
     if req.objective is not None and req.objective != stored.objective:
         raise StudyError(

@@ -99,8 +99,6 @@ def compute_importance(
         raise ImportanceError(
             "parameter importance needs scikit-learn: pip install 'scikit-learn>=1.3'"
         ) from None
-    if len(study.directions) != 1:
-        raise ImportanceError(f"study {study.study_name!r} has several objectives; importance needs one")
     started = time.perf_counter()
     settings = raw_settings(study)
     table = trial_table(study)

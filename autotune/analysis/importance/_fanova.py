@@ -48,10 +48,7 @@ def fanova_importance(
     trials = [
         t
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        if t.params
-        and t.value is not None
-        and math.isfinite(t.value)
-        and TrialRecord.of(t).duplicate_of is None
+        if t.params and t.values and math.isfinite(t.values[0]) and TrialRecord.of(t).duplicate_of is None
     ]
     if len(trials) < min_finished:
         return FanovaResult(
@@ -65,10 +62,10 @@ def fanova_importance(
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        copy = optuna.create_study(direction=study.direction)
+        copy = optuna.create_study(direction=study.directions[0])  # the (first) objective
         copy.add_trials(
             optuna.trial.create_trial(
-                params={n: t.params[n] for n in dists}, distributions=dists, value=t.value
+                params={n: t.params[n] for n in dists}, distributions=dists, value=t.values[0]
             )
             for t in trials
         )

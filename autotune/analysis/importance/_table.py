@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from autotune.analysis.records import baseline_engine, resolved_value
+from autotune.study.objectives import primary_value
 from autotune.study.settings import raw_settings
 from autotune.trial.record import INFEASIBLE, Role, TrialRecord
 
@@ -174,7 +175,8 @@ def _usable(study: optuna.Study) -> tuple[list[tuple[optuna.trial.FrozenTrial, s
             skipped["duplicate"] += 1  # the same row as the trial it repeats
             continue
         if t.state == optuna.trial.TrialState.COMPLETE:
-            if t.value is not None and math.isfinite(t.value):
+            value = primary_value(t)
+            if value is not None and math.isfinite(value):
                 rows.append((t, "success"))
             continue
         if t.state not in (optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL):
@@ -260,7 +262,7 @@ def trial_table(study: optuna.Study) -> TrialTable:
             "no known value, imputed (median or most frequent): "
             + ", ".join(f"{k} in {v} trial(s)" for k, v in imputed.items())
         )
-    value = np.array([t.value if kind == "success" else np.nan for t, kind in kept], dtype=float)
+    value = np.array([primary_value(t) if kind == "success" else np.nan for t, kind in kept], dtype=float)
     return TrialTable(
         features=features,
         groups=tuple(groups),

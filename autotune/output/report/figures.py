@@ -335,3 +335,58 @@ def validation_figure(validation: dict[str, Any], objective: str) -> str | None:
         "each config measured again once per round, in a shuffled order, beside vLLM's defaults; "
         "a speedup is a config's value over the defaults' in the same round",
     )
+
+
+def tradeoff_figure(
+    points: Sequence[tuple[int, float, float, bool]],
+    x_name: str,
+    y_name: str,
+    *,
+    front: Sequence[int] = (),
+    bound: float | None = None,
+    baseline: int | None = None,
+) -> str | None:
+    """Serve mode: each measured config's throughput (y) against a latency (x), the Pareto front
+    or the feasible best joined, SLO misses crossed out, the SLO's bound as a line.
+
+    Args:
+        points: ``(trial, x, y, missed an SLO)`` of every measured trial.
+        front: Trials on the front, in order of x.
+        bound: The SLO's bound on ``x`` (a vertical line).
+        baseline: The baseline trial (vLLM's defaults), marked.
+    """
+    if not points:
+        return None
+    fig = _figure(9, 4.6)
+    ax = fig.add_subplot()
+    ok = [p for p in points if not p[3]]
+    miss = [p for p in points if p[3]]
+    if ok:
+        ax.scatter([p[1] for p in ok], [p[2] for p in ok], color=_FEASIBLE_COLOR, label="measured", zorder=3)
+    if miss:
+        ax.scatter([p[1] for p in miss], [p[2] for p in miss], color=_INFEASIBLE_COLOR, marker="x",
+                   label="misses an SLO", zorder=3)  # fmt: skip
+    by_trial = {p[0]: p for p in points}
+    on_front = sorted((by_trial[n] for n in front if n in by_trial), key=lambda p: p[1])
+    if on_front:
+        ax.plot([p[1] for p in on_front], [p[2] for p in on_front], color=_FEASIBLE_COLOR, lw=1.5,
+                marker="o", markersize=9, mfc="none", label="Pareto front", zorder=4)  # fmt: skip
+    if baseline is not None and baseline in by_trial:
+        b = by_trial[baseline]
+        ax.scatter([b[1]], [b[2]], color=_BASELINE_COLOR, marker="*", s=220, label="vLLM defaults", zorder=5)
+    for n, x, y, _ in points:
+        ax.annotate(
+            f"#{n}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8, color=_OTHER_COLOR
+        )
+    if bound is not None:
+        ax.axvline(bound, color=_INFEASIBLE_COLOR, ls="--", lw=1, label=f"SLO: {_mt(x_name)} <= {bound:g}")
+    ax.set_xlabel(_mt(x_name) + " (lower is better)")
+    ax.set_ylabel(_mt(y_name) + " (higher is better)")
+    ax.grid(alpha=0.3)
+    _legend_outside(ax, fontsize=9)
+    return _png(
+        fig,
+        f"{y_name} against {x_name}",
+        "every measured config of the study; up and to the left is better; a config that misses an "
+        "SLO never wins",
+    )

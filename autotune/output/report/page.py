@@ -8,6 +8,8 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import optuna
+
 from autotune._logging import get_logger
 from autotune.analysis.records import TrialRow, trial_rows
 from autotune.atomic import write_text_atomic
@@ -18,16 +20,16 @@ from autotune.output.report.figures import (
     history_figure,
     require_matplotlib,
     scatter_figure,
+    tradeoff_figure,
     validation_figure,
 )
 from autotune.output.report.tables import best_vs_defaults_html, fmt_value, importance_html, kv, trials_html
 from autotune.output.show import show_doc
 from autotune.study.settings import is_autotune_study
 from autotune.study.trials import baseline_trial
+from autotune.trial.record import TrialRecord
 
 if TYPE_CHECKING:
-    import optuna
-
     from autotune.analysis.importance import ImportanceReport, TrialTable
 
 _logger = get_logger(__name__)
@@ -185,6 +187,7 @@ def render_report(
     )
     sections = [
         ("history", "Optimisation history", history_figure(rows, objective, infeasible)),
+        *_tradeoff_section(study, doc),
         (
             "validation",
             "Validation: is the winner real?",
@@ -218,6 +221,40 @@ def render_report(
         f"<p><b>{html.escape(_headline(doc, objective))}</b></p>{kv(_header(doc, objective, storage))}"
         f"{body}</body></html>\n"
     )
+
+
+def _tradeoff_section(study: optuna.Study, doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Serve mode: throughput against a latency, with the Pareto front (``--objectives``) or the
+    first SLO's bound."""
+    objectives, slos = doc.get("objectives") or [], doc.get("slos") or {}
+    if len(objectives) > 1:
+        y_name, x_name = objectives[0], objectives[1]
+    elif slos:
+        y_name, x_name = str(doc["objective"]), next(iter(slos))
+    else:
+        return []
+    points = []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        metrics = TrialRecord.of(t).metrics
+        x, y = metrics.get(x_name), metrics.get(y_name)
+        if (
+            TrialRecord.of(t).duplicate_of is None
+            and isinstance(x, (int, float))
+            and isinstance(y, (int, float))
+        ):
+            points.append((t.number, float(x), float(y), any(v > 0 for v in t.constraints.values())))
+    front_numbers = [p["trial"] for p in doc.get("pareto_front") or []]
+    base = baseline_trial(study)
+    figure = tradeoff_figure(
+        points,
+        x_name,
+        y_name,
+        front=front_numbers,
+        bound=slos.get(x_name),
+        baseline=base.number if base is not None else None,
+    )
+    title = "Pareto front" if len(objectives) > 1 else f"{y_name} against {x_name} (the SLO)"
+    return [("tradeoff", title, figure or '<p class="muted">No measured trial yet.</p>')]
 
 
 def write_report(study: optuna.Study, out: str | Path, **kwargs: Any) -> Path:

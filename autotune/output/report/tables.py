@@ -201,6 +201,12 @@ def trials_html(rows: Sequence[TrialRow], infeasible: dict[int, str], links_from
             _log_cell(r, links_from),
         ]
         body.append(f'<tr id="trial-{r.number}">' + "".join(cells) + "</tr>")
+        if r.slo_misses:
+            missed = ", ".join(f"{k} {v:,.1f} ms" for k, v in r.slo_misses.items())
+            body.append(
+                f'<tr class="error"><td></td><td colspan="{len(headers) - 1}">'
+                f"misses its SLO: {_e(missed)} (never the winner)</td></tr>"
+            )
         if r.error:
             body.append(
                 f'<tr class="error"><td></td><td colspan="{len(headers) - 1}">{_e(r.error)}</td></tr>'
