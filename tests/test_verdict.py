@@ -41,3 +41,15 @@ def test_one_round_or_a_failed_round_is_no_evidence():
     # a round whose baseline failed pairs nothing: the candidate has one ratio left
     v = judge([1000.0, None], {1: [1500.0, 1600.0]})
     assert v.candidates[0].ratios == (1.5,) and v.winner is None
+
+
+def test_a_config_that_misses_an_slo_in_its_rounds_never_wins():
+    base = [1000.0, 1040.0, 980.0, 1010.0]
+    fast_but_late = [1500.0, 1550.0, 1480.0, 1520.0]
+    fast = [1200.0, 1250.0, 1170.0, 1215.0]
+    v = judge(base, {5: fast, 7: fast_but_late}, slo_misses={7: {"ttft_p99_ms": 812.0}, 5: {}})
+    assert v.winner == 5 and v.candidates[0].trial == 7 and v.candidates[0].faster
+    assert "faster but missing an SLO in these rounds: #7 (ttft_p99_ms)" in v.verdict
+    alone = judge(base, {7: fast_but_late}, slo_misses={7: {"ttft_p99_ms": 812.0}})
+    assert alone.winner is None and alone.verdict.startswith("keep vLLM's defaults")
+    assert "#7 (ttft_p99_ms)" in alone.verdict

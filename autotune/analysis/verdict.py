@@ -35,6 +35,9 @@ class CandidateResult:
     ci95: tuple[float, float] | None
     faster: bool
     config: dict[str, Any] = field(default_factory=dict)
+    #: serve mode: the SLOs its validation rounds missed, ``{metric: median ms over the rounds}``;
+    #: such a config never wins, however fast
+    slo_misses: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ def judge(
     *,
     configs: Mapping[int, dict[str, Any]] | None = None,
     seed: int = 0,
+    slo_misses: Mapping[int, dict[str, float]] | None = None,
 ) -> Verdict:
     """Judge validation rounds.
 
@@ -116,6 +120,8 @@ def judge(
         candidates: Per search trial whose config was validated, its value in each round.
         configs: Each candidate's engine args, carried into the result.
         seed: Seeds the bootstrap.
+        slo_misses: Per candidate, the SLOs its rounds missed (serve mode); such a candidate
+            never wins.
 
     Returns:
         The verdict; a candidate without :data:`MIN_ROUNDS` rounds next to a measured baseline
@@ -134,10 +140,11 @@ def judge(
                 ci95=ci,
                 faster=ci is not None and ci[0] > 1.0,
                 config=dict((configs or {}).get(trial, {})),
+                slo_misses=dict((slo_misses or {}).get(trial, {})),
             )
         )
     results.sort(key=lambda c: -(c.median if c.median is not None else -math.inf))
-    faster = [c for c in results if c.faster]
+    faster = [c for c in results if c.faster and not c.slo_misses]
     winner = faster[0] if faster else None
     overlapping = tuple(
         c.trial
@@ -178,15 +185,27 @@ def _words(
             if best is not None and best.median is not None and best.ci95 is not None
             else ""
         )
+        late = [c for c in results if c.faster and c.slo_misses]
+        missed = (
+            "; faster but missing an SLO in these rounds: "
+            + ", ".join(f"#{c.trial} ({', '.join(c.slo_misses)})" for c in late)
+            if late
+            else ""
+        )
         return (
             f"keep vLLM's defaults: no config was faster beyond the noise over {rounds} rounds"
-            f"{closest}{noise}"
+            f"{closest}{noise}{missed}"
         )
     lo, hi = winner.ci95
     text = (
         f"trial #{winner.trial} is faster than vLLM's defaults: x{winner.median:.3f} "
         f"(95 % CI {lo:.3f}-{hi:.3f}) over {rounds} rounds{noise}"
     )
+    late = [c for c in results if c.faster and c.slo_misses and (c.median or 0) > (winner.median or 0)]
+    if late:
+        text += "; faster but missing an SLO in these rounds: " + ", ".join(
+            f"#{c.trial} ({', '.join(c.slo_misses)})" for c in late
+        )
     if overlapping:
         others = ", ".join(f"#{n}" for n in overlapping)
         text += f"; no clear winner among the faster ones: {others} overlap(s) its interval"
@@ -195,6 +214,7 @@ def _words(
 
 def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
     """The verdict of a study's validation rounds; None when it has none (not validated)."""
+    from autotune.study.settings import raw_settings
     from autotune.study.trials import baseline_trial
     from autotune.study.validation import load_validation, measurements, rounds_of
     from autotune.trial.record import TrialRecord
@@ -209,9 +229,30 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
     rounds = sorted({m.round for m in found if m.validates == base.number})
     candidates = sorted({m.validates for m in found} - {base.number})
     configs = {n: dict(TrialRecord.of(study.trials[n]).engine_kwargs or {}) for n in candidates}
+    slos = raw_settings(study).get("slos") or {}
     return judge(
         rounds_of(found, base.number, rounds),
         {n: rounds_of(found, n, rounds) for n in candidates},
         configs=configs,
         seed=seed,
+        slo_misses={n: round_misses(val, [m for m in found if m.validates == n], slos) for n in candidates}
+        if slos
+        else None,
     )
+
+
+def round_misses(val: optuna.Study, found: Sequence[Any], slos: Mapping[str, float]) -> dict[str, float]:
+    """The SLOs a config's validation rounds missed: each latency's median over the rounds that
+    measured it, against its bound (a config no round measured misses none: it cannot win anyway)."""
+    from autotune.study.slo import misses
+    from autotune.trial.record import TrialRecord
+
+    per_metric: dict[str, list[float]] = {}
+    for m in found:
+        metrics = TrialRecord.of(val.trials[m.number]).metrics
+        for name in slos:
+            if isinstance(metrics.get(name), (int, float)):
+                per_metric.setdefault(name, []).append(float(metrics[name]))
+    if not per_metric:
+        return {}
+    return misses({k: statistics.median(v) for k, v in per_metric.items()}, slos)
