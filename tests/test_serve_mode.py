@@ -75,6 +75,11 @@ def test_serve_study_keeps_slo_misses_from_winning_and_exports_a_server(tmp_path
         trial_dir = Path(t.user_attrs["trial_dir"])
         assert (trial_dir / "bench.json").is_file()  # vLLM's own benchmark result, kept
         assert "api_server" in (trial_dir / "stderr.log").read_text()  # the server's log, in the trial's
+    # the quality probe through the server: the baseline's sequences, scored by the other config
+    assert (Path(baseline.user_attrs["trial_dir"]) / "probe.json").is_file()
+    quality = slow.user_attrs["quality"]
+    assert quality["reference"] == baseline.number and quality["positions"] > 0
+    assert quality["kl_mean"] < 1e-3 and quality["top1"] > 0.95  # a lossless change: no drift
     assert baseline.constraints["ttft_p99_ms"] <= 0, baseline.user_attrs["metrics"]["ttft_p99_ms"]
     assert slow.constraints["ttft_p99_ms"] > 0, slow.user_attrs["metrics"]["ttft_p99_ms"]
     assert oom.state == optuna.trial.TrialState.PRUNED and oom.user_attrs["outcome"] == "oom"

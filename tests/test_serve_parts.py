@@ -47,8 +47,13 @@ def test_serve_options_go_together():
         check_serve(RunRequest(study="s", concurrency=8))
     with pytest.raises(ServeError, match="--concurrency N"):
         check_serve(RunRequest(study="s", mode="serve"))
+    with pytest.raises(ServeError, match="give one of them"):
+        check_serve(RunRequest(study="s", mode="serve", concurrency=8, request_rate=4.0))
     check_serve(RunRequest(study="s", mode="serve", request_rate=4.0))
     check_serve(RunRequest(study="s"))
+    # a resume may repeat its options, or name them alone: the session compares them with the stored
+    check_serve(RunRequest(study="s", concurrency=8), new=False)
+    check_serve(RunRequest(study="s", mode="serve"), new=False)
 
 
 def test_the_cli_refuses_a_bad_slo_in_one_line(tmp_path: Path):
@@ -93,7 +98,10 @@ def test_the_config_as_vllms_own_parser_reads_it_from_flags_and_from_yaml(engine
     assert flags == from_yaml == ["m", 64, False, 32]
 
 
-def test_benchmark_arguments_follow_the_workload_and_the_load(tmp_path: Path):
+def test_benchmark_arguments_follow_the_workload_and_the_load(tmp_path: Path, tiny_model: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     spec = {
         "trial_dir": str(tmp_path),
         "engine_kwargs": {"model": "m"},
@@ -105,34 +113,39 @@ def test_benchmark_arguments_follow_the_workload_and_the_load(tmp_path: Path):
             "prefix_len": 16,
             "seed": 3,
         },
-        "serve": {"concurrency": 4, "request_rate": 2.5},
+        "serve": {"concurrency": 4},
         "sampling": {"temperature": 0.0, "top_p": 1.0},
     }
-    args, requested = dataset_args(spec, "m")
-    assert requested == 80
+    args, fit = dataset_args(spec, tokenizer, 1024)
+    assert fit == {"requested_output_tokens": 80, "shortened_requests": 0}
     pairs = dict(zip(args[::2], args[1::2], strict=True))
     # vLLM's random dataset puts the prefix before input_len tokens: the workload's includes it
     assert pairs["--random-input-len"] == "48" and pairs["--random-prefix-len"] == "16"
     assert pairs["--random-range-ratio"] == "0" and pairs["--seed"] == "3"
+    # outputs that would pass max_model_len are shortened, as offline, and counted
+    args, fit = dataset_args(spec, tokenizer, 68)
+    assert args[args.index("--random-output-len") + 1] == "4" and fit["shortened_requests"] == 10
     bench = bench_args(spec, "http://127.0.0.1:1", "m", "m")
-    assert bench[bench.index("--max-concurrency") + 1] == "4"
-    assert bench[bench.index("--request-rate") + 1] == "2.5"
+    assert (
+        bench[bench.index("--max-concurrency") + 1] == "4"
+        and bench[bench.index("--request-rate") + 1] == "inf"
+    )
     assert "--ignore-eos" in bench and bench[bench.index("--temperature") + 1] == "0.0"
+    spec["serve"] = {"request_rate": 2.5}
+    bench = bench_args(spec, "http://127.0.0.1:1", "m", "m")
+    assert bench[bench.index("--request-rate") + 1] == "2.5" and "--max-concurrency" not in bench
 
     requests = tmp_path / "requests.jsonl"
-    requests.write_text(
-        json.dumps({"prompt": "hi", "output_len": 5}) + "\n" + json.dumps({"prompt": "yo"}) + "\n"
-    )
+    lines = [{"prompt": "hi there", "output_len": 5}, {"prompt_token_ids": [5, 6, 7]}]
+    requests.write_text("".join(json.dumps(r) + "\n" for r in lines))
     spec["workload"] = {"kind": "jsonl", "count": None, "output_len": None, "seed": 0, "path": "x"}
     spec["requests_file"] = str(requests)
-    args, requested = dataset_args(spec, "m")
+    args, fit = dataset_args(spec, tokenizer, 1024)
     rows = [json.loads(line) for line in (tmp_path / "serve_requests.jsonl").read_text().splitlines()]
-    assert rows == [{"prompt": "hi", "output_tokens": 5}, {"prompt": "yo", "output_tokens": 256}]
-    assert (
-        requested == 261
-        and "--skip-chat-template" in args
-        and args[args.index("--custom-output-len") + 1] == "-1"
-    )
+    assert rows[0] == {"prompt": "hi there", "output_tokens": 5}
+    assert rows[1] == {"prompt": tokenizer.decode([5, 6, 7]), "output_tokens": 256}  # token ids sent as text
+    assert fit["requested_output_tokens"] == 261 and "--skip-chat-template" in args
+    assert args[args.index("--custom-output-len") + 1] == "-1"
 
 
 def test_metrics_from_vllms_benchmark_result():
@@ -149,7 +162,7 @@ def test_metrics_from_vllms_benchmark_result():
         "p99_ttft_ms": 30.0,
         "p50_tpot_ms": 2.0,
     }
-    m = metrics_of(result, 80)
+    m = metrics_of(result)
     assert m["output_tokens_per_s"] == 40.0 and m["requests_per_s"] == 5.0 and m["generate_s"] == 2.0
     assert m["ttft_mean_ms"] == 12.0 and m["ttft_p99_ms"] == 30.0 and m["tpot_p50_ms"] == 2.0
     assert set(METRICS) <= set(m)
@@ -289,3 +302,57 @@ def test_a_pareto_study_answers_with_its_feasible_front_everywhere(tmp_path: Pat
     page = write_report(study, tmp_path / "r.html", importance_kwargs={"n_jobs": 1}).read_text()
     assert '<section id="tradeoff"><h2>Pareto front</h2><figure><img' in page
     assert "misses its SLO: e2el_p99_ms 2,000.0 ms" in page
+
+
+def test_keep_the_defaults_is_no_answer_when_the_defaults_miss_an_slo():
+    """vLLM's defaults are faster but miss the SLO; validation finds nothing faster than them: the
+    export is the best config that meets the SLO (said so), never the defaults; a repeat of a
+    config that meets it reads as meeting it."""
+    from autotune.analysis.records import trial_rows
+    from autotune.output.export import build_export
+    from autotune.study.settings import SETTINGS_ATTR, StudySettings
+    from autotune.study.validation import open_validation, queue_rounds
+    from autotune.trial.record import Outcome, Role
+
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    slos = {"ttft_p99_ms": 500.0}
+    settings = StudySettings(
+        model="m",
+        workload={"kind": "synthetic"},
+        space={"fixed": {}},
+        mode="serve",
+        load={"concurrency": 64},
+        slos=slos,
+    )
+    study.set_user_attr(SETTINGS_ATTR, settings.to_dict())
+    for role, kwargs, value, ttft in (
+        (Role.BASELINE, {"model": "m"}, 1000.0, 900.0),
+        (Role.SAMPLED, {"model": "m", "max_num_seqs": 32}, 800.0, 300.0),
+    ):
+
+        def objective(trial, role=role, kwargs=kwargs, value=value, ttft=ttft):
+            metrics = {"ttft_p99_ms": ttft, "output_tokens_per_s": value}
+            TrialRecord(role=role, outcome=Outcome.SUCCESS, engine_kwargs=kwargs, metrics=metrics).write(
+                trial
+            )
+            set_constraints(trial, metrics, slos)
+            return value
+
+        study.optimize(objective, n_trials=1)
+
+    def repeat(trial):
+        TrialRecord(outcome=Outcome.DUPLICATE, duplicate_of=1).write(trial)
+        trial.set_constraint("ttft_p99_ms", study.trials[1].constraints["ttft_p99_ms"])
+        return 800.0
+
+    study.optimize(repeat, n_trials=1)
+    val = open_validation(study, storage)
+    queue_rounds(val, [(r, v) for r in range(3) for v in (0, 1)], {0: Role.BASELINE})
+    val.optimize(lambda t: 1000.0 if TrialRecord.of(t).validates == 0 else 800.0, n_trials=6)
+
+    doc = build_export(study, EngineInfo("", "", ""), "mem", importance={})
+    assert doc["validation"]["verdict"].startswith("keep vLLM's defaults")
+    assert doc["trial_number"] == 1 and not doc["is_baseline"] and doc["serve"]["slo_misses"] == {}
+    assert "defaults miss an SLO" in doc["validation"]["note"]
+    assert [r.slo_misses for r in trial_rows(study)] == [{"ttft_p99_ms": 900.0}, {}, {}]

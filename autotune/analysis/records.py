@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from autotune.analysis.quality import quality_of
 from autotune.study.objectives import primary_value
 from autotune.study.settings import raw_settings
-from autotune.study.slo import misses
 from autotune.study.trials import baseline_trial, ratio
 from autotune.trial.record import Outcome, Role, TrialRecord
 
@@ -144,7 +143,8 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
                 log=_log_path(record),
                 gpu_util_pct=float(util) if isinstance(util, (int, float)) else None,
                 quality=quality_of(record, budget, fixed),
-                slo_misses=misses(record.metrics, slos) if complete and slos else {},
+                # from its constraints (a repeat has them, not the metrics): measured = bound + excess
+                slo_misses={k: slos[k] + v for k, v in t.constraints.items() if v > 0 and k in slos},
             )
         )
     return rows

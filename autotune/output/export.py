@@ -15,7 +15,7 @@ from autotune.atomic import write_json_atomic, write_text_atomic
 from autotune.errors import StudyError
 from autotune.space.engine_args import EngineInfo
 from autotune.space.flags import serve_args, serve_config
-from autotune.study.slo import METRICS, misses
+from autotune.study.slo import METRICS, describe, feasible, misses
 from autotune.trial.serve_worker import SERVER_MODULE
 
 if TYPE_CHECKING:
@@ -75,8 +75,12 @@ def build_export(
     if trial is not None:
         best, verdict = chosen_trial(study, trial), None
     elif verdict is not None and verdict.rounds:
-        # the validated winner; "keep vLLM's defaults": the baseline, i.e. the fixed args alone
-        best = study.trials[verdict.winner] if verdict.winner is not None else (base or best)
+        # the validated winner; "keep vLLM's defaults": the baseline, i.e. the fixed args alone,
+        # unless it misses an SLO (then the best config that meets them)
+        if verdict.winner is not None:
+            best = study.trials[verdict.winner]
+        elif base is not None and feasible(base):
+            best = base
     record = TrialRecord.of(best)
     base_record = TrialRecord.of(base) if base is not None else None
     kwargs = dict(record.engine_kwargs or {"model": settings.model})
@@ -105,7 +109,7 @@ def build_export(
             "resolved_engine_config": base_record.engine,
         },
         "speedup_over_baseline": _speedup(best, base, verdict),
-        "validation": _validation(verdict),
+        "validation": _validation(verdict, None if base is None or feasible(base) else best.number),
         # what the winner does to the model's outputs: measured against the baseline, or named
         "quality": quality_of(record, settings.quality_budget, settings.fixed),
         "model": settings.model,
@@ -163,7 +167,19 @@ def _speedup(
     return ratio(primary_value(best), primary_value(base) if base is not None else None)
 
 
-def _validation(verdict: Verdict | None) -> dict[str, Any]:
+def _validation(verdict: Verdict | None, instead_of_defaults: int | None = None) -> dict[str, Any]:
+    """The export's ``validation`` entry; ``instead_of_defaults``: the trial exported because vLLM's
+    defaults miss an SLO (a verdict of "keep the defaults" cannot be followed)."""
+    out = _verdict_entry(verdict)
+    if verdict is not None and verdict.winner is None and instead_of_defaults is not None:
+        out["note"] = (
+            f"vLLM's defaults miss an SLO of the study: exported trial #{instead_of_defaults} instead, "
+            "the best config that meets them"
+        )
+    return out
+
+
+def _verdict_entry(verdict: Verdict | None) -> dict[str, Any]:
     if verdict is None:
         return {
             "status": "not validated",
@@ -214,6 +230,12 @@ def exportable_best(study: optuna.Study) -> optuna.trial.FrozenTrial:
         StudyError: no trial of the study completed.
     """
     best = best_or_none(study)
+    if best is None and study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        raise StudyError(
+            f"study {study.study_name!r}: no measured config meets its SLOs "
+            f"({describe(stored_settings(study).slos)}); "
+            "`autotune show` lists each trial's latencies: run more trials, or a new study with looser --slo"
+        )
     if best is None:
         raise StudyError(
             f"study {study.study_name!r} has no completed trial to export yet; run "

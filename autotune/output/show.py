@@ -149,13 +149,7 @@ def _serve_lines(doc: dict[str, Any]) -> list[str]:
     return [f"  mode         serve: {text}", f"  SLOs         {describe_slos(doc.get('slos') or {})}"]
 
 
-def _quality_line(budget: float | None, mode: str = "offline") -> str:
-    if budget is None and mode == "serve":
-        return (
-            "Quality: NOT CHECKED (serve mode measures no quality probe yet): lossy arguments were "
-            "left out of the search unless --no-quality-check; a lossy config is named in the "
-            "quality column."
-        )
+def _quality_line(budget: float | None) -> str:
     if budget is None:
         return (
             "Quality: NOT CHECKED (the study has no quality budget: --no-quality-check, dummy weights, "
@@ -226,7 +220,7 @@ def format_show(doc: dict[str, Any]) -> str:
             lines.append(indent(table(["parameter", "vLLM default", "best", "changed"], rows)))
     if doc.get("pareto_front") is not None:
         lines += ["", *_front_lines(doc)]
-    lines += ["", _quality_line(doc.get("quality_budget"), doc.get("mode") or "offline")]
+    lines += ["", _quality_line(doc.get("quality_budget"))]
     lines += ["", *_validation_lines(doc.get("validation"))]
     lines += ["", "Trials"]
     rows = []

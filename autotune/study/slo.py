@@ -81,6 +81,11 @@ def set_constraints(trial: optuna.Trial, metrics: Mapping[str, Any], slos: Mappi
         trial.set_constraint(name, float(value) - bound if isinstance(value, (int, float)) else bound)
 
 
+def feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether the trial meets every constraint it has (a trial without any does)."""
+    return all(v <= 0 for v in trial.constraints.values())
+
+
 def copy_constraints(trial: optuna.Trial, earlier: optuna.trial.FrozenTrial) -> None:
     """A repeat of a measured config answers with that trial's constraints as well as its value."""
     for name, value in earlier.constraints.items():

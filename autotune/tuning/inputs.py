@@ -60,7 +60,6 @@ def check_inputs(req: RunRequest) -> RunInputs:
         AutotuneError: naming the option at fault and the fix.
     """
     name = check_study_name(req.study)
-    check_serve(req)
     url = req.storage or default_url(name, req.studies_dir)
     engine = describe_engine()
     pool = SlotPool(
@@ -72,6 +71,7 @@ def check_inputs(req: RunRequest) -> RunInputs:
         load_requests(workload)  # an empty or malformed file fails here
     db = sqlite_path(url)
     new = db is not None and not db.is_file()
+    check_serve(req, new=new)
     if new and model is None:
         raise StudyError(f"study {name!r} does not exist yet; give --model to create it")
     space = load_space_for(req.space, engine, pool, req.fixed, model) if req.space or new else None
@@ -92,12 +92,21 @@ def load_space_for(
     return loaded
 
 
-def check_serve(req: RunRequest) -> None:
-    """Serve mode's options go together: a load with ``--mode serve``, and ``--mode serve`` with a load.
+def check_serve(req: RunRequest, *, new: bool = True) -> None:
+    """Serve mode's options go together: a load with ``--mode serve``, and ``--mode serve`` with a
+    load, one kind of it. ``new``: the study certainly does not exist yet (a resume may repeat
+    its options or leave them out; the session compares them with the stored ones).
 
     Raises:
         ServeError: naming the option at fault and the fix.
     """
+    if req.concurrency is not None and req.request_rate is not None:
+        raise ServeError(
+            "--concurrency and --request-rate together make requests wait in the client, which vLLM's "
+            "latencies leave out (a slow config would look fast): give one of them"
+        )
+    if not new:
+        return
     given = [
         opt
         for opt, value in (

@@ -5,6 +5,7 @@ rounds' both measure through here."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,8 @@ def trial_spec(
         serve = {
             "server_args": serve_args(engine_kwargs, engine or EngineInfo("", "", "")),
             **settings.load,
-            "port": slot.serve_port,
+            # two tuners on one host scan their slot's ports from different places
+            "port": slot.serve_port + os.getpid() % 50,
         }
     return TrialSpec(
         trial_dir=trial_dir,

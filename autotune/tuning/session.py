@@ -4,7 +4,6 @@ baseline dealt with, and the budget set."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from autotune.trial.model_ref import context_length
 from autotune.trial.record import CANNOT_RUN, TrialRecord
 from autotune.trial.telemetry import gpu_names
 from autotune.trial.workload import WorkloadSpec, load_requests, parse_workload
-from autotune.tuning.inputs import RunInputs, load_space_for
+from autotune.tuning.inputs import RunInputs, check_serve, load_space_for
 from autotune.tuning.request import RunRequest
 
 _logger = get_logger(__name__)
@@ -96,6 +95,7 @@ def _new_settings(req: RunRequest, inputs: RunInputs, space: SearchSpace) -> Stu
     engine = inputs.engine
     device_ids = sorted({i for s in inputs.pool.slots for i in s.device_ids})
     serve = req.mode == "serve"
+    check_serve(req, new=True)  # a server storage's new study: the checks a SQLite one had up front
     return StudySettings(
         model=inputs.model,
         workload=(inputs.workload or parse_workload(DEFAULT_WORKLOAD)).to_dict(),
@@ -107,33 +107,11 @@ def _new_settings(req: RunRequest, inputs: RunInputs, space: SearchSpace) -> Stu
         distribution=engine.distribution,
         platform=engine.platform,
         gpus=gpu_names(device_ids) if engine.platform != "cpu" else [],
-        quality_budget=None if serve else _quality_budget(req, space),
+        quality_budget=_quality_budget(req, space),
         mode=req.mode or "offline",
         load={"concurrency": req.concurrency, "request_rate": req.request_rate} if serve else {},
         slos=dict(req.slos or {}) if serve else {},
     )
-
-
-def _serve_space(req: RunRequest, space: SearchSpace) -> SearchSpace:
-    """Serve mode measures no quality probe yet: with the guard on, the space's lossy parameters
-    are left out (said so); ``--no-quality-check`` searches them unguarded (said so too)."""
-    lossy = lossy_parameters([p.name for p in space.parameters])
-    if not lossy:
-        return space
-    if req.quality_check and space.fixed.get("load_format") != "dummy":
-        _logger.warning(
-            "serve mode does not measure output quality yet: %s (which change the model's outputs) "
-            "left out of the search; --no-quality-check searches them unguarded",
-            ", ".join(lossy),
-        )
-        return dataclasses.replace(
-            space, parameters=tuple(p for p in space.parameters if p.name not in lossy)
-        )
-    _logger.warning(
-        "quality check OFF in serve mode: %s change the model's outputs and may win unmeasured",
-        ", ".join(lossy),
-    )
-    return space
 
 
 def _quality_budget(req: RunRequest, space: SearchSpace) -> float | None:
@@ -192,8 +170,6 @@ def open_session(req: RunRequest, inputs: RunInputs) -> Session:
     settings: StudySettings | None = None
     if existing is None:
         space = inputs.space or load_space_for(req.space, inputs.engine, inputs.pool, req.fixed, inputs.model)
-        if req.mode == "serve":
-            space = _serve_space(req, space)
         settings = _new_settings(req, inputs, space)
     else:
         space = _resumed_space(req, inputs, stored_settings(existing))

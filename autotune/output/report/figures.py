@@ -105,6 +105,8 @@ def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[in
     best_x, best_y, best = [], [], -math.inf
     for r in done:
         assert r.value is not None
+        if r.slo_misses:  # never the best: it misses an SLO
+            continue
         best = max(best, r.value)
         best_x.append(r.number)
         best_y.append(best)
