@@ -19,9 +19,21 @@ import optuna
 from autotune.atomic import write_json_atomic, write_text_atomic
 from autotune.study.budget import counted_trials
 from autotune.trial.record import TrialRecord
+from autotune.trial.startup import read_startup
 
 #: the worker's phases in order (see autotune.trial.protocol); each lasts until the next one
 PHASES = ("import", "validate", "engine_start", "warmup", "generate", "probe", "shutdown")
+#: the engine start's parts, as vLLM logged them (autotune.trial.startup)
+STARTUP_PARTS = ("load_s", "compile_s", "cudagraph_s", "init_engine_s")
+
+
+def startup_of(record: TrialRecord) -> dict[str, Any]:
+    """A trial's engine-start parts: its record's, else read from its logs where they are here
+    (a study from before the record held them)."""
+    if record.startup or not record.trial_dir:
+        return dict(record.startup)
+    tdir = Path(record.trial_dir)
+    return read_startup(tdir / "stdout.log", tdir / "stderr.log") if tdir.is_dir() else {}
 
 
 def phase_seconds(record: TrialRecord) -> dict[str, float]:
@@ -57,6 +69,12 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
         for phase, s in phase_seconds(TrialRecord.of(t)).items():
             phases.setdefault(phase, []).append(s)
     walls = [float(TrialRecord.of(t).wall_s or 0.0) for t in rated]
+    startups = [startup_of(TrialRecord.of(t)) for t in rated]
+    parts = {p: [float(s[p]) for s in startups if p in s] for p in STARTUP_PARTS}
+    caches: dict[str, int] = {}
+    for s in startups:
+        if "compile_cache" in s:
+            caches[s["compile_cache"]] = caches.get(s["compile_cache"], 0) + 1
     return {
         "study": study.study_name,
         "trials": len(launched),
@@ -66,6 +84,8 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
         "trials_per_hour": len(rated) / span * 3600 if span else None,
         "median_wall_s": statistics.median(walls) if walls else None,
         "median_phase_s": {p: statistics.median(v) for p, v in phases.items()},
+        "median_startup_s": {p: statistics.median(v) for p, v in parts.items() if v},
+        "compile_cache": caches,
         "best_so_far": curve,
         "per_trial": [
             {
@@ -74,6 +94,7 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
                 "state": t.state.name,
                 "wall_s": TrialRecord.of(t).wall_s,
                 "phase_s": phase_seconds(TrialRecord.of(t)),
+                "startup": startup_of(TrialRecord.of(t)),
                 "engine_kwargs": TrialRecord.of(t).engine_kwargs,
             }
             for t in launched
@@ -143,6 +164,18 @@ def render(doc: dict[str, Any]) -> str:
     for p in phases:
         if any(p in s["median_phase_s"] for s in studies):
             line(f"median {p} (s)", [f"{s['median_phase_s'].get(p, 0.0):.1f}" for s in studies])
+    for p in STARTUP_PARTS:
+        if any(p in s.get("median_startup_s", {}) for s in studies):
+            cells = [s.get("median_startup_s", {}).get(p) for s in studies]
+            line(f"engine start: median {p[:-2]} (s)", [f"{c:.1f}" if c is not None else "-" for c in cells])
+    if any(s.get("compile_cache") for s in studies):
+        line(
+            "compile cache (trials)",
+            [
+                ", ".join(f"{k} {v}" for k, v in sorted(s.get("compile_cache", {}).items())) or "-"
+                for s in studies
+            ],
+        )
     line(
         "best (tok/s) at end",
         [f"{s['best_so_far'][-1][1]:,.0f}" if s["best_so_far"] else "-" for s in studies],

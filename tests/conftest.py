@@ -81,3 +81,13 @@ def postgres_url() -> Iterator[str]:
     finally:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """What the tests measured on the real engine (e.g. a trial's seconds per phase), in CI's log."""
+    from tests.helpers import REPORTS
+
+    if REPORTS:
+        terminalreporter.section("measured on the CPU engine (this machine)")
+        for report in REPORTS:
+            terminalreporter.write_line(report)

@@ -58,3 +58,7 @@ def objective_for(space, study_dir: Path, **kw):
 
     settings = StudySettings(model="m", workload={"kind": "synthetic"}, space={})
     return Objective(settings=settings, space=space, study_dir=study_dir, timeout_s=60, **kw)
+
+
+#: measurements a test made on the real engine, printed at the end of the test session (CI's log)
+REPORTS: list[str] = []

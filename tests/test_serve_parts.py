@@ -356,3 +356,75 @@ def test_keep_the_defaults_is_no_answer_when_the_defaults_miss_an_slo():
     assert doc["trial_number"] == 1 and not doc["is_baseline"] and doc["serve"]["slo_misses"] == {}
     assert "defaults miss an SLO" in doc["validation"]["note"]
     assert [r.slo_misses for r in trial_rows(study)] == [{"ttft_p99_ms": 900.0}, {}, {}]
+
+
+def test_defaults_that_meet_the_slo_in_the_search_but_miss_it_in_their_rounds_are_not_exported():
+    """The baseline met the SLO in its search trial, and its validation rounds miss it: "keep the
+    defaults" cannot be followed; the export is the fastest validated config whose rounds met it,
+    with its own validated speedup."""
+    from autotune.output.export import build_export
+    from autotune.study.settings import SETTINGS_ATTR, StudySettings
+    from autotune.study.validation import open_validation, queue_rounds
+    from autotune.trial.record import Outcome, Role
+
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    slos = {"ttft_p99_ms": 500.0}
+    settings = StudySettings(
+        model="m", workload={"kind": "synthetic"}, space={"fixed": {}}, mode="serve", load={}, slos=slos
+    )
+    study.set_user_attr(SETTINGS_ATTR, settings.to_dict())
+    for role, kwargs, value in (
+        (Role.BASELINE, {"model": "m"}, 1000.0),
+        (Role.SAMPLED, {"model": "m"}, 990.0),
+    ):
+
+        def objective(trial, role=role, kwargs=kwargs, value=value):
+            metrics = {"ttft_p99_ms": 400.0, "output_tokens_per_s": value}
+            TrialRecord(role=role, outcome=Outcome.SUCCESS, engine_kwargs=kwargs, metrics=metrics).write(
+                trial
+            )
+            set_constraints(trial, metrics, slos)
+            return value
+
+        study.optimize(objective, n_trials=1)
+    val = open_validation(study, storage)
+    queue_rounds(val, [(r, v) for r in range(3) for v in (0, 1)], {0: Role.BASELINE})
+
+    def measure(trial):
+        baseline = TrialRecord.of(trial).validates == 0
+        value = (1000.0, 990.0)[not baseline] + trial.number
+        metrics = {"ttft_p99_ms": 700.0 if baseline else 300.0, "output_tokens_per_s": value}
+        TrialRecord(outcome=Outcome.SUCCESS, metrics=metrics).write(trial)
+        return value
+
+    val.optimize(measure, n_trials=6)
+    doc = build_export(study, EngineInfo("", "", ""), "mem", importance={})
+    assert doc["validation"]["baseline_slo_misses"] == {"ttft_p99_ms": 700.0}
+    assert "vLLM's defaults miss an SLO in these rounds" in doc["validation"]["verdict"]
+    assert doc["trial_number"] == 1 and not doc["is_baseline"]
+    assert "defaults miss an SLO" in doc["validation"]["note"]
+    cand = doc["validation"]["candidates"][0]
+    assert doc["speedup_over_baseline"] == cand["median"] < 1.0
+
+
+def test_failed_request_errors_are_the_exception_lines_of_the_printed_tracebacks():
+    from autotune.trial.serve_worker import printed_errors
+
+    printed = "\n".join(
+        [
+            "Failed requests during benchmark run detected (capping to 10):",
+            "Error 0: Traceback (most recent call last):",
+            '  File "endpoint_request_func.py", line 170, in async_request_openai_completions',
+            "    async with session.post(url=api_url, json=payload) as response:",
+            "aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected",
+            "",
+            "Error 1: Bad Request",
+            "INFO 12-05 10:00:00 [serve.py:700] done",
+            "============ Serving Benchmark Result ============",
+        ]
+    )
+    assert printed_errors(printed) == [
+        "aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected",
+        "Bad Request",
+    ]

@@ -53,3 +53,25 @@ def test_a_config_that_misses_an_slo_in_its_rounds_never_wins():
     alone = judge(base, {7: fast_but_late}, slo_misses={7: {"ttft_p99_ms": 812.0}})
     assert alone.winner is None and alone.verdict.startswith("keep vLLM's defaults")
     assert "#7 (ttft_p99_ms)" in alone.verdict
+
+
+def test_defaults_that_miss_an_slo_in_their_rounds_are_no_verdict_to_keep():
+    base = [1000.0, 1040.0, 980.0]
+    v = judge(
+        base,
+        {3: [990.0, 1030.0, 985.0]},
+        slo_misses={3: {}},
+        baseline_slo_misses={"ttft_p99_ms": 700.0, "tpot_p99_ms": float("nan")},
+    )
+    assert v.winner is None and not v.to_dict()["keep_defaults"]
+    assert v.verdict.startswith("no config that meets the SLOs was faster than vLLM's defaults")
+    assert "vLLM's defaults miss an SLO in these rounds (ttft_p99_ms 700.0 ms, tpot_p99_ms not measured)" in (
+        v.verdict
+    )
+    assert v.baseline_slo_misses == {
+        "ttft_p99_ms": 700.0,
+        "tpot_p99_ms": v.baseline_slo_misses["tpot_p99_ms"],
+    }
+    plain = judge(base, {3: [990.0, 1030.0, 985.0]}, slo_misses={3: {}})
+    assert plain.verdict.startswith("keep vLLM's defaults: no config that meets the SLOs was faster")
+    assert plain.to_dict()["keep_defaults"]

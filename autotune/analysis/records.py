@@ -3,6 +3,7 @@ engine args it ran with, vLLM's resolved defaults filled in where it searched no
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,8 +144,23 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
                 log=_log_path(record),
                 gpu_util_pct=float(util) if isinstance(util, (int, float)) else None,
                 quality=quality_of(record, budget, fixed),
-                # from its constraints (a repeat has them, not the metrics): measured = bound + excess
-                slo_misses={k: slos[k] + v for k, v in t.constraints.items() if v > 0 and k in slos},
+                slo_misses=_slo_misses(t, record, slos),
             )
         )
     return rows
+
+
+def _slo_misses(t: optuna.trial.FrozenTrial, record: TrialRecord, slos: dict[str, float]) -> dict[str, float]:
+    """The SLOs a trial missed (from its constraints), each with its measured ms: NaN for a
+    figure the benchmark did not report; a repeat (no metrics of its own) reads it back as the
+    bound plus the excess its constraint holds."""
+    out = {}
+    for name, excess in t.constraints.items():
+        if excess <= 0 or name not in slos:
+            continue
+        value = record.metrics.get(name)
+        if isinstance(value, (int, float)):
+            out[name] = float(value)
+        else:
+            out[name] = slos[name] + excess if record.duplicate_of is not None else math.nan
+    return out

@@ -53,6 +53,8 @@ class Verdict:
         winner: The search trial whose config won, or None: keep vLLM's defaults.
         overlapping: Other faster candidates whose interval overlaps the winner's.
         verdict: The outcome in words.
+        baseline_slo_misses: Serve mode: the SLOs vLLM's defaults missed in these rounds
+            (``{metric: median ms}``); then "keep the defaults" cannot be followed.
     """
 
     rounds: int
@@ -62,6 +64,7 @@ class Verdict:
     winner: int | None
     overlapping: tuple[int, ...]
     verdict: str
+    baseline_slo_misses: dict[str, float] = field(default_factory=dict)
 
     @property
     def winning(self) -> CandidateResult | None:
@@ -74,7 +77,7 @@ class Verdict:
             **asdict(self),
             "speedup": best.median if best is not None else 1.0,
             "speedup_ci95": list(best.ci95) if best is not None and best.ci95 is not None else None,
-            "keep_defaults": self.winner is None,
+            "keep_defaults": self.winner is None and not self.baseline_slo_misses,
         }
 
 
@@ -112,6 +115,7 @@ def judge(
     configs: Mapping[int, dict[str, Any]] | None = None,
     seed: int = 0,
     slo_misses: Mapping[int, dict[str, float]] | None = None,
+    baseline_slo_misses: Mapping[str, float] | None = None,
 ) -> Verdict:
     """Judge validation rounds.
 
@@ -122,6 +126,7 @@ def judge(
         seed: Seeds the bootstrap.
         slo_misses: Per candidate, the SLOs its rounds missed (serve mode); such a candidate
             never wins.
+        baseline_slo_misses: The SLOs the baseline's rounds missed (serve mode).
 
     Returns:
         The verdict; a candidate without :data:`MIN_ROUNDS` rounds next to a measured baseline
@@ -163,7 +168,16 @@ def judge(
         candidates=tuple(results),
         winner=winner.trial if winner is not None else None,
         overlapping=overlapping,
-        verdict=_words(winner, overlapping, results, len(measured), cv),
+        verdict=_words(
+            winner,
+            overlapping,
+            results,
+            len(measured),
+            cv,
+            slos_judged=slo_misses is not None,
+            baseline_misses=dict(baseline_slo_misses or {}),
+        ),
+        baseline_slo_misses=dict(baseline_slo_misses or {}),
     )
 
 
@@ -173,6 +187,9 @@ def _words(
     results: list[CandidateResult],
     rounds: int,
     cv: float | None,
+    *,
+    slos_judged: bool = False,
+    baseline_misses: dict[str, float] | None = None,
 ) -> str:
     noise = f"; the baseline itself varied {cv:.1%} between rounds" if cv is not None else ""
     if rounds < MIN_ROUNDS:
@@ -192,8 +209,15 @@ def _words(
             if late
             else ""
         )
+        which = "no config that meets the SLOs" if slos_judged else "no config"
+        if baseline_misses:
+            return (
+                f"{which} was faster than vLLM's defaults beyond the noise over {rounds} rounds"
+                f"{closest}{noise}{missed}; but vLLM's defaults miss an SLO in these rounds "
+                f"({_ms(baseline_misses)}): keeping them does not meet the SLOs"
+            )
         return (
-            f"keep vLLM's defaults: no config was faster beyond the noise over {rounds} rounds"
+            f"keep vLLM's defaults: {which} was faster beyond the noise over {rounds} rounds"
             f"{closest}{noise}{missed}"
         )
     lo, hi = winner.ci95
@@ -210,6 +234,12 @@ def _words(
         others = ", ".join(f"#{n}" for n in overlapping)
         text += f"; no clear winner among the faster ones: {others} overlap(s) its interval"
     return text
+
+
+def _ms(misses: Mapping[str, float]) -> str:
+    return ", ".join(
+        f"{k} {v:.1f} ms" if math.isfinite(v) else f"{k} not measured" for k, v in misses.items()
+    )
 
 
 def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
@@ -236,6 +266,9 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
         configs=configs,
         seed=seed,
         slo_misses={n: round_misses(val, [m for m in found if m.validates == n], slos) for n in candidates}
+        if slos
+        else None,
+        baseline_slo_misses=round_misses(val, [m for m in found if m.validates == base.number], slos)
         if slos
         else None,
     )

@@ -41,6 +41,7 @@ def _run_request(args: argparse.Namespace, **given: Any) -> Any:
         warm_workers=not args.cold_workers,
         informed_start=not args.no_informed_start,
         early_stop=not args.no_early_stop,
+        vllm_cache=args.vllm_cache,
         **given,
     )
 
@@ -107,6 +108,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         validate_rounds=args.validate_rounds,
         validate_only=True,
         time_budget_s=args.time_budget,
+        vllm_cache=args.vllm_cache,
     )
     _print_summary(args, run_study(request))
     return 0

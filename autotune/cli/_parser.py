@@ -116,6 +116,7 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "a trial) instead of forking it from a warm worker that imported vLLM once; either way "
         "each trial is a process group of its own with a fresh CUDA context",
     )
+    _vllm_cache_arg(p)
     p.add_argument(
         "--no-early-stop",
         action="store_true",
@@ -186,6 +187,17 @@ def _validate_args(p: argparse.ArgumentParser, *, top: int, rounds: int, prefix:
         metavar="R",
         help=f"rounds in which each of them and vLLM's defaults run again, in a shuffled order "
         f"(default {rounds}; 0: no validation, and no speedup is claimed)",
+    )
+
+
+def _vllm_cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--vllm-cache",
+        type=Path,
+        metavar="DIR",
+        help="vLLM's cache root for every trial (VLLM_CACHE_ROOT: torch.compile artifacts, so a "
+        "trial that compiles as an earlier one loads them); default: $VLLM_CACHE_ROOT where set, "
+        "else <studies dir>/<study>/vllm-cache, which a study resumed elsewhere can bring along",
     )
 
 
@@ -362,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SEC",
         help="start no measurement that would likely end after SEC seconds (the same command resumes)",
     )
+    _vllm_cache_arg(validate)
     validate.add_argument("--no-bar", action="store_true", help="log lines only")
     validate.add_argument("--json", action="store_true", help="end with the summary as JSON")
     _gpu_args(validate)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING, Any
 
 from autotune.analysis.quality import quality_text
@@ -97,7 +98,14 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
         if len(study.directions) > 1
         else None,
         "validation": summary.validation,  # its rounds judged once, for ls and show alike
-        "trials": [dataclasses.asdict(r) for r in rows],
+        # a figure the benchmark did not report is null (JSON has no NaN)
+        "trials": [
+            {
+                **dataclasses.asdict(r),
+                "slo_misses": {k: v if math.isfinite(v) else None for k, v in r.slo_misses.items()},
+            }
+            for r in rows
+        ],
     }
 
 
@@ -228,7 +236,8 @@ def format_show(doc: dict[str, Any]) -> str:
         note = _short(r["error"]) if r["error"] else ""
         if r.get("slo_misses"):
             missed = ", ".join(
-                f"{k} {fmt(v)} ms > {fmt(doc['slos'].get(k))}" for k, v in r["slo_misses"].items()
+                f"{k} {fmt(v)} ms > {fmt(doc['slos'].get(k))}" if v is not None else f"{k} not measured"
+                for k, v in r["slo_misses"].items()
             )
             note = f"misses SLO: {missed}; {note}".rstrip("; ")
         if r["role"] != "sampled":

@@ -114,6 +114,9 @@ class TrialRecord:
         quality: Its quality probe against the baseline's (see :class:`autotune.trial.probe.Quality`),
             with the budget it was judged by (``budget``; None: not judged), or ``probe_error``:
             why a measured trial's probe was not written.
+        startup: What its engine start spent its time on, from vLLM's log (see
+            :func:`autotune.trial.startup.parse_startup`): ``load_s``, ``compile_s``,
+            ``cudagraph_s``, ``init_engine_s``, ``compile_cache`` (hit, miss, partial).
         wall_s: Seconds from process start to its end.
         phases_s: Seconds after the start at which each phase began (see the protocol).
         engine_kwargs: ``LLM(**engine_kwargs)`` as run, the model included.
@@ -139,6 +142,7 @@ class TrialRecord:
     telemetry: dict[str, Any] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)
     quality: dict[str, Any] = field(default_factory=dict)
+    startup: dict[str, Any] = field(default_factory=dict)
     wall_s: float | None = None
     phases_s: dict[str, float] = field(default_factory=dict)
     engine_kwargs: dict[str, Any] | None = None

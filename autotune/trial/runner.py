@@ -24,6 +24,7 @@ from autotune.trial.outcome import classify
 from autotune.trial.process import TrialProcess, reap_group, stop_requests, terminate, wait
 from autotune.trial.record import CONSTRAINT, Outcome, TrialRecord
 from autotune.trial.spec import TrialSpec
+from autotune.trial.startup import read_startup
 from autotune.trial.telemetry import GpuSampler, wait_for_idle_gpus
 
 _logger = get_logger(__name__)
@@ -243,6 +244,7 @@ def run_trial(
         telemetry=sampler.summary(window),
         engine={k: v for k, v in engine.items() if k not in ("event", "pid")},
         quality=quality,
+        startup=read_startup(out_path, err_path) if "engine_start" in phases else {},
         wall_s=wall_s,
         phases_s={k: v - started for k, v in phases.items()},
         engine_kwargs=spec.engine_kwargs,

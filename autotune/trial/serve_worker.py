@@ -43,7 +43,9 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 _LATENCIES = ("ttft", "tpot", "itl", "e2el")
 _PERCENTILES = (50, 90, 99)
 _KV_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
-_ERROR_LINE = re.compile(r"^Error \d+: ")
+_ERROR_LINE = re.compile(r"^Error \d+: (.*)")
+#: the exception line that ends a printed traceback (``aiohttp...ClientConnectorError: ...``)
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Timeout|Exit|Interrupt)\w*(?:: .*)?$")
 #: requests sent before the timed run (the first ones pay for lazy initialisation)
 WARMUP_REQUESTS = 4
 
@@ -234,8 +236,26 @@ def run_bench(ns: Any) -> tuple[dict[str, Any], list[str]]:
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         result = main(ns)
-    errors = [line.split(": ", 1)[-1] for line in tee.kept.getvalue().splitlines() if _ERROR_LINE.match(line)]
-    return result, errors
+    return result, printed_errors(tee.kept.getvalue())
+
+
+def printed_errors(text: str) -> list[str]:
+    """The errors vLLM's client printed for failed requests (``Error N: ...``, ten at most): the
+    message itself, or for a printed traceback its exception line (the last of a chain)."""
+    errors: list[str] = []
+    block: list[str] | None = None
+    for line in [*text.splitlines(), "="]:
+        m = _ERROR_LINE.match(line)
+        if block is not None and (m or line.startswith("=")):
+            first = block[0]
+            caught = [x for x in block[1:] if _EXCEPTION_LINE.match(x)]
+            errors.append(caught[-1] if first.startswith("Traceback") and caught else first)
+            block = None
+        if m:
+            block = [m.group(1)]
+        elif block is not None:
+            block.append(line)
+    return errors
 
 
 def metrics_of(result: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +303,7 @@ def probe(spec: dict[str, Any], base_url: str, model: str, tokenizer_name: str) 
     cfg = {**DEFAULT_PROBE, **spec["probe"]}
     url = base_url + "/v1/completions"
     protocol.emit("phase", phase="probe", t=time.time())
-    k = int(cfg["logprobs"])
+    k = min(int(cfg["logprobs"]), _max_logprobs(spec["engine_kwargs"]))
     tok = _tokenizer(tokenizer_name, spec["engine_kwargs"])
     if cfg.get("reference"):
         reference = read_probe(cfg["reference"])
@@ -321,6 +341,15 @@ def probe(spec: dict[str, Any], base_url: str, model: str, tokenizer_name: str) 
         ]
         sequences.append(scored_sequence(n, ids, positions, tok.decode(ids[n:])))
     write_json_atomic(Path(spec["trial_dir"]) / PROBE_FILE, {"logprobs": k, "sequences": sequences})
+
+
+def _max_logprobs(engine_kwargs: dict[str, Any]) -> int:
+    """The most logprobs the server returns per position (``max_logprobs``; -1: no limit): a
+    larger ``prompt_logprobs`` fails the request."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    limit = int(engine_kwargs.get("max_logprobs", getattr(EngineArgs, "max_logprobs", 20)))
+    return limit if limit >= 0 else 1 << 20
 
 
 def _warm_up(base_url: str, model: str, n: int) -> None:

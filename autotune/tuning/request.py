@@ -58,3 +58,6 @@ class RunRequest:
     slos: dict[str, float] | None = None
     #: a Pareto study's metrics (``--objectives``, parsed); None: the study's stored ones
     objectives: list[str] | None = None
+    #: vLLM's cache root (``VLLM_CACHE_ROOT``: torch.compile artifacts) for every trial; None:
+    #: the user's ``$VLLM_CACHE_ROOT`` where set, else ``<studies dir>/<study>/vllm-cache``
+    vllm_cache: Path | None = None

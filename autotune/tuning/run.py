@@ -10,8 +10,10 @@ stopping rules).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -106,10 +108,22 @@ def _measuring(req: RunRequest, inputs: RunInputs, s: Session, warm: WarmWorkers
         "timeout_s": req.trial_timeout_s,
         "pool": inputs.pool,
         "requests_file": s.requests_file,
-        "env": req.env,
+        "env": {**vllm_cache_env(req, s.study_dir), **req.env},
         "warm": warm,
         "engine": inputs.engine,
     }
+
+
+def vllm_cache_env(req: RunRequest, study_dir: Path) -> dict[str, str]:
+    """The trials' ``VLLM_CACHE_ROOT``: ``--vllm-cache``, else the user's own where set, else a
+    cache the study owns beside its trial dirs. vLLM keeps its torch.compile artifacts there, so
+    a trial whose config compiles as an earlier one did loads them instead of compiling again,
+    and a study resumed on a fresh machine can bring its cache along (copy the dir)."""
+    if req.vllm_cache is not None:
+        return {"VLLM_CACHE_ROOT": str(req.vllm_cache.resolve())}
+    if os.environ.get("VLLM_CACHE_ROOT"):
+        return {}
+    return {"VLLM_CACHE_ROOT": str((study_dir / "vllm-cache").resolve())}
 
 
 def validate_session(

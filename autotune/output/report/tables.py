@@ -202,7 +202,10 @@ def trials_html(rows: Sequence[TrialRow], infeasible: dict[int, str], links_from
         ]
         body.append(f'<tr id="trial-{r.number}">' + "".join(cells) + "</tr>")
         if r.slo_misses:
-            missed = ", ".join(f"{k} {v:,.1f} ms" for k, v in r.slo_misses.items())
+            missed = ", ".join(
+                f"{k} {v:,.1f} ms" if math.isfinite(v) else f"{k} not measured"
+                for k, v in r.slo_misses.items()
+            )
             body.append(
                 f'<tr class="error"><td></td><td colspan="{len(headers) - 1}">'
                 f"misses its SLO: {_e(missed)} (never the winner)</td></tr>"

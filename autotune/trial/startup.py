@@ -1,0 +1,88 @@
+"""What a trial's engine start spent its time on, read from vLLM's own log lines.
+
+The worker times the engine start as one phase; vLLM's INFO log (the trial's ``stdout.log``, and
+``stderr.log`` for its engine-core process) says what was inside it: loading the weights,
+torch.compile, CUDA-graph capture, and whether the compiled graphs came from vLLM's compile
+cache or were compiled anew. Trials whose configs differ in a compile-relevant argument
+(``max_num_batched_tokens``, the KV-cache dtype, quantization, the capture sizes) miss that
+cache: this is where a study's engine-start seconds go, and what the study-owned cache saves.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+#: (key, pattern): the first match of each gives that figure, in seconds
+_SECONDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("load_s", re.compile(rf"Model loading took .*? and {_NUMBER} seconds")),
+    ("load_s", re.compile(rf"Loading weights took {_NUMBER} seconds")),
+    ("compile_s", re.compile(rf"\(compilation: {_NUMBER} s")),
+    ("compile_s", re.compile(rf"torch\.compile took {_NUMBER} s in total")),
+    ("cudagraph_s", re.compile(rf"Graph capturing finished in {_NUMBER} secs")),
+    (
+        "init_engine_s",
+        re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUMBER} s"),
+    ),
+)
+#: compiled graphs read from vLLM's compile cache (piecewise backend; AOT-compiled function)
+_HIT = re.compile(r"Directly load the compiled graph|Directly load AOT compilation from path (\S+)")
+#: graphs compiled anew (and then saved to the cache)
+_MISS = re.compile(r"Compiling a graph for compile range|saved AOT compiled function to (\S+)")
+#: a cache entry of the same key that vLLM could not load (then it compiles again)
+_LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)")
+_CACHE_DIR = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
+
+
+def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
+    """The engine start's parts from vLLM's log ``lines``.
+
+    Returns:
+        Those found of ``load_s``, ``compile_s``, ``cudagraph_s``, ``init_engine_s`` (seconds,
+        as vLLM timed them), ``compile_cache`` (``"hit"``: every compiled graph came from the
+        cache, ``"miss"``: all compiled anew, ``"partial"``: some of each, ``"load_failed"``:
+        the cache held this config's entry and vLLM failed to load it, so it compiled again,
+        the reason in ``compile_cache_error``; absent where nothing was compiled, e.g.
+        ``enforce_eager``) and ``compile_cache_dir``. The first figure of each kind is kept (a
+        multi-process engine logs one per rank; they agree).
+    """
+    out: dict[str, Any] = {}
+    hits = misses = 0
+    failed = None
+    for line in lines:
+        if "took" in line or "finished" in line:
+            for key, pattern in _SECONDS:
+                if key not in out and (m := pattern.search(line)):
+                    out[key] = float(m.group(1))
+        if m := _HIT.search(line):
+            hits += 1
+            if m.group(1):
+                out.setdefault("compile_cache_dir", str(Path(m.group(1)).parent))
+        elif m := _MISS.search(line):
+            misses += 1
+            if m.group(1):
+                out.setdefault("compile_cache_dir", str(Path(m.group(1)).parent))
+        elif m := _LOAD_FAILED.search(line):
+            failed = failed or m.group(2).strip()
+            out.setdefault("compile_cache_dir", str(Path(m.group(1)).parent))
+        elif m := _CACHE_DIR.search(line):
+            out.setdefault("compile_cache_dir", m.group(1))
+    if failed is not None:
+        out.update(compile_cache="load_failed", compile_cache_error=failed)
+    elif hits or misses:
+        out["compile_cache"] = "partial" if hits and misses else "hit" if hits else "miss"
+    return out
+
+
+def read_startup(*logs: Path) -> dict[str, Any]:
+    """:func:`parse_startup` over the trial's log files (those that exist)."""
+    lines: list[str] = []
+    for log in logs:
+        try:
+            lines += log.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+    return parse_startup(lines)
