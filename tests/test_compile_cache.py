@@ -19,7 +19,8 @@ CUDA_MISS = [
     _CORE + "[backends.py:1094] Using cache directory: /root/.cache/vllm/torch_compile_cache/ab12/"
     "rank_0_0/backbone for vLLM's torch.compile",
     _CORE + "[backends.py:393] Compiling a graph for compile range (1, 8192) takes 15.20 s",
-    _CORE + "[monitor.py:53] torch.compile took 19.87 s in total",
+    _CORE + "[default_loader.py:431] Loading weights took 2.50 seconds",
+    _CORE + "[monitor.py:53] torch.compile took 18.50 s in total",
     _CORE + "[gpu_model_runner.py:6845] Graph capturing finished in 9 secs, took 0.55 GiB",
     _CORE + "[core.py:341] init engine (profile, create kv cache, warmup model) took 44.10 s "
     "(compilation: 19.87 s)",
@@ -52,9 +53,10 @@ def test_parses_the_engine_start_parts():
     miss = parse_startup(CUDA_MISS)
     assert miss == {
         "load_s": 4.123456,
-        "compile_cache_dir": "/root/.cache/vllm/torch_compile_cache/ab12/rank_0_0/backbone",
+        "weights_s": 2.5,
+        "compile_cache_dir": "/root/.cache/vllm/torch_compile_cache/ab12/rank_0_0",
         "compile_cache": "miss",
-        "compile_s": 19.87,
+        "compile_s": 19.87,  # the engine's total, not the last "torch.compile took" (18.50)
         "cudagraph_s": 9.0,
         "init_engine_s": 44.10,
     }

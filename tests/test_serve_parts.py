@@ -358,11 +358,10 @@ def test_keep_the_defaults_is_no_answer_when_the_defaults_miss_an_slo():
     assert [r.slo_misses for r in trial_rows(study)] == [{"ttft_p99_ms": 900.0}, {}, {}]
 
 
-def test_defaults_that_meet_the_slo_in_the_search_but_miss_it_in_their_rounds_are_not_exported():
-    """The baseline met the SLO in its search trial, and its validation rounds miss it: "keep the
-    defaults" cannot be followed; the export is the fastest validated config whose rounds met it,
-    with its own validated speedup."""
-    from autotune.output.export import build_export
+def _validated_serve_study(candidate_round_ttft: float) -> optuna.Study:
+    """A serve study whose baseline met the SLO (ttft p99 500 ms) in its search trial and misses
+    it in its 3 validation rounds (700 ms); the one candidate, a little slower, has
+    ``candidate_round_ttft`` in its rounds."""
     from autotune.study.settings import SETTINGS_ATTR, StudySettings
     from autotune.study.validation import open_validation, queue_rounds
     from autotune.trial.record import Outcome, Role
@@ -394,18 +393,32 @@ def test_defaults_that_meet_the_slo_in_the_search_but_miss_it_in_their_rounds_ar
     def measure(trial):
         baseline = TrialRecord.of(trial).validates == 0
         value = (1000.0, 990.0)[not baseline] + trial.number
-        metrics = {"ttft_p99_ms": 700.0 if baseline else 300.0, "output_tokens_per_s": value}
+        metrics = {"ttft_p99_ms": 700.0 if baseline else candidate_round_ttft, "output_tokens_per_s": value}
         TrialRecord(outcome=Outcome.SUCCESS, metrics=metrics).write(trial)
         return value
 
     val.optimize(measure, n_trials=6)
-    doc = build_export(study, EngineInfo("", "", ""), "mem", importance={})
+    return study
+
+
+def test_defaults_that_meet_the_slo_in_the_search_but_miss_it_in_their_rounds_are_not_exported():
+    """ "Keep the defaults" cannot be followed when their rounds miss an SLO: the export is the
+    fastest validated config whose rounds met it, with its own validated speedup; where none
+    did, there is nothing to export, and the error says what to do."""
+    from autotune.errors import StudyError
+    from autotune.output.export import build_export
+
+    doc = build_export(_validated_serve_study(300.0), EngineInfo("", "", ""), "mem", importance={})
     assert doc["validation"]["baseline_slo_misses"] == {"ttft_p99_ms": 700.0}
+    assert not doc["validation"]["keep_defaults"]
     assert "vLLM's defaults miss an SLO in these rounds" in doc["validation"]["verdict"]
     assert doc["trial_number"] == 1 and not doc["is_baseline"]
     assert "defaults miss an SLO" in doc["validation"]["note"]
     cand = doc["validation"]["candidates"][0]
     assert doc["speedup_over_baseline"] == cand["median"] < 1.0
+
+    with pytest.raises(StudyError, match="neither vLLM's defaults nor any validated config met the SLOs"):
+        build_export(_validated_serve_study(650.0), EngineInfo("", "", ""), "mem", importance={})
 
 
 def test_failed_request_errors_are_the_exception_lines_of_the_printed_tracebacks():

@@ -144,23 +144,28 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
                 log=_log_path(record),
                 gpu_util_pct=float(util) if isinstance(util, (int, float)) else None,
                 quality=quality_of(record, budget, fixed),
-                slo_misses=_slo_misses(t, record, slos),
+                slo_misses=_slo_misses(t, _measured(record, records), slos),
             )
         )
     return rows
 
 
-def _slo_misses(t: optuna.trial.FrozenTrial, record: TrialRecord, slos: dict[str, float]) -> dict[str, float]:
-    """The SLOs a trial missed (from its constraints), each with its measured ms: NaN for a
-    figure the benchmark did not report; a repeat (no metrics of its own) reads it back as the
-    bound plus the excess its constraint holds."""
+def _measured(record: TrialRecord, records: list[TrialRecord]) -> TrialRecord:
+    """The record whose metrics a trial's figures are: a repeat's, the trial it repeats."""
+    if record.duplicate_of is not None and 0 <= record.duplicate_of < len(records):
+        return records[record.duplicate_of]
+    return record
+
+
+def _slo_misses(
+    t: optuna.trial.FrozenTrial, measured: TrialRecord, slos: dict[str, float]
+) -> dict[str, float]:
+    """The SLOs a trial missed (from its constraints), each with its measured ms (``measured``:
+    the record holding its metrics); NaN for a figure the benchmark did not report."""
     out = {}
     for name, excess in t.constraints.items():
         if excess <= 0 or name not in slos:
             continue
-        value = record.metrics.get(name)
-        if isinstance(value, (int, float)):
-            out[name] = float(value)
-        else:
-            out[name] = slos[name] + excess if record.duplicate_of is not None else math.nan
+        value = measured.metrics.get(name)
+        out[name] = float(value) if isinstance(value, (int, float)) else math.nan
     return out

@@ -74,17 +74,25 @@ def build_export(
     verdict = study_verdict(study)
     if trial is not None:
         best, verdict = chosen_trial(study, trial), None
-    elif verdict is not None and verdict.rounds:
+    instead_of_defaults = None
+    if trial is None and verdict is not None and verdict.rounds:
         # the validated winner; "keep vLLM's defaults": the baseline, i.e. the fixed args alone,
-        # unless it misses an SLO (then the best config that meets them)
+        # unless it misses an SLO (in its search trial or its rounds): then the fastest validated
+        # config whose rounds met them all
         if verdict.winner is not None:
             best = study.trials[verdict.winner]
         elif base is not None and feasible(base) and not verdict.baseline_slo_misses:
             best = base
-        else:  # the defaults miss an SLO: the fastest validated config whose rounds met them all
+        elif base is not None:
             met = [c for c in verdict.candidates if c.median is not None and not c.slo_misses]
-            if met:
-                best = study.trials[met[0].trial]
+            if not met:
+                raise StudyError(
+                    f"study {study.study_name!r}: in the validation rounds neither vLLM's defaults nor "
+                    "any validated config met the SLOs, so there is no config to export; relax --slo or "
+                    "the load (--concurrency, --request-rate), or export one anyway with --trial N"
+                )
+            best = study.trials[met[0].trial]
+            instead_of_defaults = best.number
     record = TrialRecord.of(best)
     base_record = TrialRecord.of(base) if base is not None else None
     kwargs = dict(record.engine_kwargs or {"model": settings.model})
@@ -113,9 +121,7 @@ def build_export(
             "resolved_engine_config": base_record.engine,
         },
         "speedup_over_baseline": _speedup(best, base, verdict),
-        "validation": _validation(
-            verdict, None if base is not None and best.number == base.number else best.number
-        ),
+        "validation": _validation(verdict, instead_of_defaults),
         # what the winner does to the model's outputs: measured against the baseline, or named
         "quality": quality_of(record, settings.quality_budget, settings.fixed),
         "model": settings.model,

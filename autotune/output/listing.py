@@ -52,7 +52,7 @@ class StudySummary:
             return "not validated" if self.autotune else "-"
         best = next((c for c in v["candidates"] if c["trial"] == v["winner"]), None)
         if best is None or best["median"] is None:
-            return "keep defaults"
+            return "keep defaults" if v.get("keep_defaults", True) else "defaults miss an SLO"
         ci = f" [{best['ci95'][0]:.2f}-{best['ci95'][1]:.2f}]" if best["ci95"] else ""
         return f"x{best['median']:.3f}{ci} (#{best['trial']})"
 

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 _NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
-#: (key, pattern): the first match of each gives that figure, in seconds
+#: (key, pattern), the better source of a key first: each key takes its best pattern's first match
 _SECONDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # the whole model load (weights read, quantized, placed); the weights' read alone is weights_s
     ("load_s", re.compile(rf"Model loading took .*? and {_NUMBER} seconds")),
-    ("load_s", re.compile(rf"Loading weights took {_NUMBER} seconds")),
+    ("weights_s", re.compile(rf"Loading weights took {_NUMBER} seconds")),
+    # the engine's own total (an encoder's compile included) before the last "torch.compile took"
     ("compile_s", re.compile(rf"\(compilation: {_NUMBER} s")),
     ("compile_s", re.compile(rf"torch\.compile took {_NUMBER} s in total")),
     ("cudagraph_s", re.compile(rf"Graph capturing finished in {_NUMBER} secs")),
@@ -41,7 +43,8 @@ def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
     """The engine start's parts from vLLM's log ``lines``.
 
     Returns:
-        Those found of ``load_s``, ``compile_s``, ``cudagraph_s``, ``init_engine_s`` (seconds,
+        Those found of ``load_s`` (the whole model load; ``weights_s``: reading the weights),
+        ``compile_s``, ``cudagraph_s``, ``init_engine_s`` (seconds,
         as vLLM timed them), ``compile_cache`` (``"hit"``: every compiled graph came from the
         cache, ``"miss"``: all compiled anew, ``"partial"``: some of each, ``"load_failed"``:
         the cache held this config's entry and vLLM failed to load it, so it compiled again,
@@ -50,31 +53,42 @@ def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
         multi-process engine logs one per rank; they agree).
     """
     out: dict[str, Any] = {}
+    rank: dict[str, int] = {}  # the index in _SECONDS of each key's figure so far
     hits = misses = 0
     failed = None
     for line in lines:
         if "took" in line or "finished" in line:
-            for key, pattern in _SECONDS:
-                if key not in out and (m := pattern.search(line)):
-                    out[key] = float(m.group(1))
+            for i, (key, pattern) in enumerate(_SECONDS):
+                if i < rank.get(key, len(_SECONDS)) and (m := pattern.search(line)):
+                    out[key], rank[key] = float(m.group(1)), i
         if m := _HIT.search(line):
             hits += 1
             if m.group(1):
-                out.setdefault("compile_cache_dir", str(Path(m.group(1)).parent))
+                out.setdefault("compile_cache_dir", _entry(m.group(1)))
         elif m := _MISS.search(line):
             misses += 1
             if m.group(1):
-                out.setdefault("compile_cache_dir", str(Path(m.group(1)).parent))
+                out.setdefault("compile_cache_dir", _entry(m.group(1)))
         elif m := _LOAD_FAILED.search(line):
             failed = failed or m.group(2).strip()
-            out.setdefault("compile_cache_dir", str(Path(m.group(1)).parent))
+            out.setdefault("compile_cache_dir", _entry(m.group(1)))
         elif m := _CACHE_DIR.search(line):
-            out.setdefault("compile_cache_dir", m.group(1))
+            out.setdefault("compile_cache_dir", _entry(m.group(1)))
     if failed is not None:
         out.update(compile_cache="load_failed", compile_cache_error=failed)
     elif hits or misses:
         out["compile_cache"] = "partial" if hits and misses else "hit" if hits else "miss"
     return out
+
+
+def _entry(path: str) -> str:
+    """The cache entry a logged path is in: up to its ``rank_<i>_<j>`` folder (the piecewise
+    backend logs ``.../rank_0_0/backbone``, the AOT path ``.../rank_0_0/model``)."""
+    parts = Path(path).parts
+    for i in range(len(parts) - 1, -1, -1):
+        if re.fullmatch(r"rank_\d+_\d+", parts[i]):
+            return str(Path(*parts[: i + 1]))
+    return str(Path(path).parent)
 
 
 def read_startup(*logs: Path) -> dict[str, Any]:

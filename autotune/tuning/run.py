@@ -120,7 +120,7 @@ def vllm_cache_env(req: RunRequest, study_dir: Path) -> dict[str, str]:
     a trial whose config compiles as an earlier one did loads them instead of compiling again,
     and a study resumed on a fresh machine can bring its cache along (copy the dir)."""
     if req.vllm_cache is not None:
-        return {"VLLM_CACHE_ROOT": str(req.vllm_cache.resolve())}
+        return {"VLLM_CACHE_ROOT": str(req.vllm_cache.expanduser().resolve())}
     if os.environ.get("VLLM_CACHE_ROOT"):
         return {}
     return {"VLLM_CACHE_ROOT": str((study_dir / "vllm-cache").resolve())}
