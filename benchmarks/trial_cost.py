@@ -24,7 +24,7 @@ from autotune.trial.startup import read_startup
 #: the worker's phases in order (see autotune.trial.protocol); each lasts until the next one
 PHASES = ("import", "validate", "engine_start", "warmup", "generate", "probe", "shutdown")
 #: the engine start's parts, as vLLM logged them (autotune.trial.startup)
-STARTUP_PARTS = ("load_s", "compile_s", "cudagraph_s", "init_engine_s")
+STARTUP_PARTS = ("load_s", "weights_s", "compile_s", "cudagraph_s", "init_engine_s")
 
 
 def startup_of(record: TrialRecord) -> dict[str, Any]:

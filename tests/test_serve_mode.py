@@ -84,6 +84,10 @@ def test_serve_study_keeps_slo_misses_from_winning_and_exports_a_server(tmp_path
     assert slow.constraints["ttft_p99_ms"] > 0, slow.user_attrs["metrics"]["ttft_p99_ms"]
     assert oom.state == optuna.trial.TrialState.PRUNED and oom.user_attrs["outcome"] == "oom"
     assert study.best_trial.number == baseline.number  # a miss never wins, however it ranks
+    # what the server resolved (its own defaults, not LLM's), for show's "vLLM default" column
+    engine = baseline.user_attrs["engine"]
+    assert engine["kv_cache_tokens"] > 0 and engine["max_num_seqs"] > 0 and engine["block_size"] > 0
+    assert engine["max_num_batched_tokens"] >= engine["max_num_seqs"]
 
     show = autotune("show", "--study", "chat", "--studies-dir", str(studies))
     assert show.returncode == 0, show.stderr

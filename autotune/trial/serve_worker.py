@@ -343,6 +343,29 @@ def probe(spec: dict[str, Any], base_url: str, model: str, tokenizer_name: str) 
     write_json_atomic(Path(spec["trial_dir"]) / PROBE_FILE, {"logprobs": k, "sequences": sequences})
 
 
+def resolved_facts(engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The config vLLM's server resolved from these args (its defaults are the server's, not
+    ``LLM``'s: another usage context), resolved again here by vLLM itself, as the server did
+    before it started its engine (no GPU touched); the KV cache's size comes from the server's
+    log. Empty, with a warning, where that fails: the trial goes on."""
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        from autotune.trial.worker import config_facts
+
+        cfg = AsyncEngineArgs(**engine_kwargs).create_engine_config(
+            usage_context=UsageContext.OPENAI_API_SERVER
+        )
+        facts = config_facts(cfg)
+    except Exception as e:  # what the server resolved is shown, never needed to measure
+        print(f"autotune: could not resolve the server's config again: {e!r}", file=sys.stderr, flush=True)
+        return {}
+    for name in ("num_gpu_blocks", "kv_cache_tokens"):  # not profiled here: the server's log has it
+        facts.pop(name, None)
+    return facts
+
+
 def _max_logprobs(engine_kwargs: dict[str, Any]) -> int:
     """The most logprobs the server returns per position (``max_logprobs``; -1: no limit): a
     larger ``prompt_logprobs`` fails the request."""
@@ -384,9 +407,8 @@ def run(spec: dict[str, Any]) -> int:
             int(json.loads(body)["data"][0].get("max_model_len") or 1 << 30) if status == 200 else 1 << 30
         )
         kv_tokens = _kv_cache_tokens(trial_dir / "stderr.log")
-        protocol.emit(
-            "engine", vllm_version=version, kv_cache_tokens=kv_tokens, max_model_len=max_model_len, port=port
-        )
+        facts = {**resolved_facts(kwargs), "kv_cache_tokens": kv_tokens, "max_model_len": max_model_len}
+        protocol.emit("engine", vllm_version=version, port=port, **facts)
 
         protocol.emit("phase", phase="warmup", t=time.time())
         t0 = time.perf_counter()

@@ -145,7 +145,12 @@ def _platform_defaults(engine_args: Any) -> dict[str, Any]:
 
 def _engine_facts(llm: Any) -> dict[str, Any]:
     """The settings the engine actually resolved (vLLM fills many defaults per platform)."""
-    cfg = llm.llm_engine.vllm_config
+    return config_facts(llm.llm_engine.vllm_config)
+
+
+def config_facts(cfg: Any) -> dict[str, Any]:
+    """The settings of a resolved ``VllmConfig`` that a study shows and learns from; the KV
+    cache's size (``num_gpu_blocks``, ``kv_cache_tokens``) once the engine has profiled."""
     picks = {
         "cache_config": (
             "block_size",
