@@ -29,6 +29,7 @@ def test_the_batch_the_kv_cache_holds_with_and_without_fp8(engine) -> None:
     configs = dict(informed_configs(H200_7B, space, engine.args))
     assert configs["kv-fit"] == {"max_num_seqs": 457, "async_scheduling": True}
     assert configs["kv-fit-fp8"] == {"kv_cache_dtype": "fp8", "max_num_seqs": 914, "async_scheduling": True}
+    assert configs["kv-fit-fp8-weights"] == {"quantization": "fp8", **configs["kv-fit-fp8"]}
     assert ("throughput-mode" in configs) == ("performance_mode" in engine.args)
 
 
@@ -37,7 +38,7 @@ def test_values_stay_inside_the_space(engine) -> None:
     huge = TrialRecord(Outcome.SUCCESS, {**H200_7B.metrics, "kv_cache_tokens": 10**8})
     configs = dict(informed_configs(huge, space, engine.args))
     assert configs["kv-fit"] == {"max_num_seqs": 1024}
-    assert "kv-fit-fp8" not in configs
+    assert "kv-fit-fp8" not in configs and "kv-fit-fp8-weights" not in configs
     assert informed_configs(TrialRecord(Outcome.SUCCESS, {}), space, ()) == []  # nothing measured
 
 
@@ -64,6 +65,6 @@ def test_they_run_right_after_the_baseline_behind_the_users_own(engine, tmp_path
     }
     # a resumed study's baseline does not queue them twice
     objective._inform(optuna.Trial(study, study.trials[0]._trial_id), H200_7B)
-    assert sum(TrialRecord.of(t).role is Role.INFORMED for t in study.get_trials()) == 2 + (
+    assert sum(TrialRecord.of(t).role is Role.INFORMED for t in study.get_trials()) == 3 + (
         "performance_mode" in engine.args
     )

@@ -127,7 +127,8 @@ def _run_args(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
         "--no-informed-start",
         action="store_true",
         help="leave out the configs the baseline informs (the batch its KV cache holds, with and "
-        "without the fp8 KV cache; vLLM's throughput mode), measured right after it by default",
+        "without the fp8 KV cache, and with fp8 weights too; vLLM's throughput mode), measured "
+        "right after it by default",
     )
     p.add_argument("--seed", type=int, default=0, help="sampler seed of a new study (default 0)")
     p.add_argument("--no-bar", action="store_true", help="log lines only, no progress bar")
