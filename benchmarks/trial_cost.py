@@ -22,7 +22,7 @@ from autotune.trial.record import TrialRecord
 from autotune.trial.startup import read_startup
 
 #: the worker's phases in order (see autotune.trial.protocol); each lasts until the next one
-PHASES = ("import", "validate", "engine_start", "warmup", "generate", "probe", "shutdown")
+PHASES = ("import", "validate", "engine_start", "warmup", "client_start", "generate", "probe", "shutdown")
 #: the engine start's parts, as vLLM logged them (autotune.trial.startup)
 STARTUP_PARTS = ("load_s", "weights_s", "compile_s", "cudagraph_s", "init_engine_s")
 
@@ -34,20 +34,6 @@ def startup_of(record: TrialRecord) -> dict[str, Any]:
         return dict(record.startup)
     tdir = Path(record.trial_dir)
     return read_startup(tdir / "stdout.log", tdir / "stderr.log") if tdir.is_dir() else {}
-
-
-def phase_seconds(record: TrialRecord) -> dict[str, float]:
-    """How long each phase of one trial took, ``start`` (before the worker's first event) and
-    ``shutdown`` (to the end of its process) included."""
-    at = record.phases_s
-    seen = [p for p in PHASES if p in at]
-    if not seen or record.wall_s is None:
-        return {}
-    out = {"start": at[seen[0]]}
-    for phase, following in zip(seen, [*seen[1:], None], strict=True):
-        end = at[following] if following is not None else record.wall_s
-        out[phase] = max(0.0, end - at[phase])
-    return out
 
 
 def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
@@ -66,7 +52,7 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
     span = _busy_span(rated)
     phases: dict[str, list[float]] = {}
     for t in rated:
-        for phase, s in phase_seconds(TrialRecord.of(t)).items():
+        for phase, s in TrialRecord.of(t).phase_durations().items():
             phases.setdefault(phase, []).append(s)
     walls = [float(TrialRecord.of(t).wall_s or 0.0) for t in rated]
     startups = [startup_of(TrialRecord.of(t)) for t in rated]
@@ -93,7 +79,7 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
                 "value": t.value,
                 "state": t.state.name,
                 "wall_s": TrialRecord.of(t).wall_s,
-                "phase_s": phase_seconds(TrialRecord.of(t)),
+                "phase_s": TrialRecord.of(t).phase_durations(),
                 "startup": startup_of(TrialRecord.of(t)),
                 "engine_kwargs": TrialRecord.of(t).engine_kwargs,
             }

@@ -130,6 +130,14 @@ def make_study(
             "engine_kwargs": {"model": settings.model, "dtype": "bfloat16", **params},
             "wall_s": float(rng.uniform(20, 60)),
         }
+        # where its seconds went (the worker's phases, seconds after its start)
+        attrs["phases_s"] = {
+            "import": 0.5,
+            "validate": 1.0,
+            "engine_start": 1.5,
+            "generate": 12.0,
+            "shutdown": 18.0,
+        }
         if params["max_num_seqs"] * params["max_model_len"] > OOM_PRODUCT:
             attrs.update(
                 outcome="oom",

@@ -57,10 +57,10 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_self_contained_with_every_section(page):
     _, text = page
-    for section in ("history", "importance", "scatter", "gpu", "best", "trials"):
+    for section in ("history", "time", "importance", "scatter", "gpu", "best", "trials"):
         assert f'<section id="{section}">' in text
     images = _IMG.findall(text)
-    assert len(images) == 4  # history, importances, objective vs top params, GPU utilisation
+    assert len(images) == 5  # history, where the time goes, importances, objective vs params, GPU utilisation
     for data in images:
         assert base64.b64decode(data).startswith(b"\x89PNG\r\n\x1a\n")
     # nothing outside the file: no scripts, no remote resources, a CSP that forbids both
@@ -96,7 +96,7 @@ def test_few_trials_and_cpu(tmp_path):
     text = render_report(study, importance_kwargs=FAST)
     assert "not yet meaningful" in text
     assert "No GPU telemetry" in text and "CPU backend" in text
-    assert len(_IMG.findall(text)) == 2  # history and objective vs params; no importances yet
+    assert len(_IMG.findall(text)) == 3  # history, time and objective vs params; no importances yet
 
 
 def test_written_atomically(tmp_path):
@@ -150,8 +150,14 @@ def test_renders_in_headless_chromium(page, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _console(proc.stderr) == [], "console messages on the report page"
     dom = proc.stdout
-    assert len(_IMG.findall(dom)) == 4
-    for heading in ("Optimisation history", "Parameter importance", "GPU utilisation per trial", "Trials"):
+    assert len(_IMG.findall(dom)) == 5
+    for heading in (
+        "Optimisation history",
+        "Where the time goes",
+        "Parameter importance",
+        "GPU utilisation per trial",
+        "Trials",
+    ):
         assert f"<h2>{heading}</h2>" in dom
     # the hostile value is text in the DOM, not an element (the serializer re-escapes < and & only)
     assert "&lt;script&gt;alert('x')&lt;/script&gt;&amp;&lt;b&gt;" in dom and "<script" not in dom

@@ -73,6 +73,10 @@ class TrialRow:
     quality: dict[str, Any] = field(default_factory=dict)
     #: serve mode: the SLOs a measured trial missed, ``{metric: measured ms}`` (it never wins)
     slo_misses: dict[str, float] = field(default_factory=dict)
+    #: seconds each phase of its worker took (:meth:`TrialRecord.phase_durations`)
+    phase_s: dict[str, float] = field(default_factory=dict)
+    #: minutes from the study's first trial's start to this one's end (breaks between runs included)
+    ended_min: float | None = None
 
     @property
     def log_exists(self) -> bool:
@@ -117,6 +121,8 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
     trials = study.get_trials(deepcopy=False)
     records = [TrialRecord.of(t) for t in trials]
     retried_by = {r.retry_of: t for t, r in zip(trials, records, strict=True) if r.retry_of is not None}
+    starts = [t.datetime_start for t in trials if t.datetime_start is not None]
+    t0 = min(starts) if starts else None
     rows = []
     for t, record in zip(trials, records, strict=True):
         complete = t.state.name == "COMPLETE"
@@ -145,6 +151,10 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
                 gpu_util_pct=float(util) if isinstance(util, (int, float)) else None,
                 quality=quality_of(record, budget, fixed),
                 slo_misses=_slo_misses(t, _measured(record, records), slos),
+                phase_s=record.phase_durations(),
+                ended_min=(t.datetime_complete - t0).total_seconds() / 60
+                if t0 is not None and t.datetime_complete is not None
+                else None,
             )
         )
     return rows

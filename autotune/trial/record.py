@@ -247,6 +247,19 @@ class TrialRecord:
         """What the user enqueued, else None (its params are the sampler's)."""
         return self.config if self.role in (Role.ENQUEUED, Role.INFORMED) else None
 
+    def phase_durations(self) -> dict[str, float]:
+        """Seconds each phase of the worker took (see :mod:`autotune.trial.protocol`), in order:
+        ``start`` (before its first event) and the last phase to the process's end included."""
+        at = self.phases_s
+        seen = sorted(at, key=lambda p: at[p])
+        if not seen or self.wall_s is None:
+            return {}
+        out = {"start": at[seen[0]]}
+        for phase, following in zip(seen, [*seen[1:], None], strict=True):
+            end = at[following] if following is not None else self.wall_s
+            out[phase] = max(0.0, end - at[phase])
+        return out
+
     # -- writing ----------------------------------------------------------------------------------
 
     def attrs(self) -> dict[str, Any]:

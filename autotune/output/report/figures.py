@@ -153,6 +153,60 @@ def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[in
     )
 
 
+#: the worker's phases, in order, and their colours in the time figure (only generate measures)
+_PHASE_COLORS = {
+    "start": "#bbbbbb",
+    "import": "#8c564b",
+    "validate": "#e377c2",
+    "engine_start": "#ff7f0e",
+    "warmup": "#bcbd22",
+    "client_start": "#17becf",
+    "generate": "#2ca02c",
+    "probe": "#9467bd",
+    "shutdown": "#7f7f7f",
+}
+
+
+def time_figure(rows: Sequence[TrialRow]) -> str | None:
+    """Where each trial's seconds went, phase by phase, and the best so far over wall time."""
+    timed = [r for r in rows if r.phase_s]
+    if not timed:
+        return None
+    fig = _figure(12, 4.2)
+    bars, curve = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    bottom = [0.0] * len(timed)
+    for phase, color in _PHASE_COLORS.items():
+        heights = [r.phase_s.get(phase, 0.0) for r in timed]
+        if any(heights):
+            bars.bar([r.number for r in timed], heights, bottom=bottom, color=color, label=phase, width=0.8)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    bars.set_xlabel("trial")
+    bars.set_ylabel("seconds")
+    bars.grid(alpha=0.3, axis="y")
+    bars.legend(fontsize=8, ncol=3)
+    xs, ys, best = [], [], -math.inf
+    for r in sorted(
+        (r for r in rows if r.value is not None and r.ended_min is not None), key=lambda r: r.ended_min or 0
+    ):
+        if r.slo_misses:
+            continue
+        best = max(best, float(r.value or 0.0))
+        xs.append(float(r.ended_min or 0.0))
+        ys.append(best)
+    if xs:
+        curve.step(xs, ys, where="post", color="#2ca02c", lw=2, marker="o", ms=4)
+    curve.set_xlabel("minutes since the study's first trial started")
+    curve.set_ylabel("best so far")
+    curve.grid(alpha=0.3)
+    return _png(
+        fig,
+        "where the time goes",
+        "left: each trial's seconds by phase (only generate is measured; engine start holds "
+        "torch.compile and CUDA-graph capture, much less when the study's compile cache has the "
+        "config); right: the best value so far over the study's wall time, breaks between runs included",
+    )
+
+
 def _barh(ax: Axes, names: list[str], means: list[float], stds: list[float] | None, color: str) -> None:
     y = list(range(len(names)))[::-1]
     ax.barh(y, means, xerr=stds, color=color, alpha=0.85, capsize=3, error_kw={"lw": 1})

@@ -20,6 +20,7 @@ from autotune.output.report.figures import (
     history_figure,
     require_matplotlib,
     scatter_figure,
+    time_figure,
     tradeoff_figure,
     validation_figure,
 )
@@ -187,6 +188,11 @@ def render_report(
     )
     sections = [
         ("history", "Optimisation history", history_figure(rows, objective, infeasible)),
+        (
+            "time",
+            "Where the time goes",
+            time_figure(rows) or '<p class="muted">No trial has recorded its phases yet.</p>',
+        ),
         *_tradeoff_section(study, doc),
         (
             "validation",
