@@ -3,7 +3,6 @@ engine args it ran with, vLLM's resolved defaults filled in where it searched no
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.analysis.quality import quality_of
 from autotune.study.objectives import primary_value
 from autotune.study.settings import raw_settings
+from autotune.study.slo import misses
 from autotune.study.trials import baseline_trial, ratio
 from autotune.trial.record import Outcome, Role, TrialRecord
 
@@ -170,12 +170,6 @@ def _measured(record: TrialRecord, records: list[TrialRecord]) -> TrialRecord:
 def _slo_misses(
     t: optuna.trial.FrozenTrial, measured: TrialRecord, slos: dict[str, float]
 ) -> dict[str, float]:
-    """The SLOs a trial missed (from its constraints), each with its measured ms (``measured``:
-    the record holding its metrics); NaN for a figure the benchmark did not report."""
-    out = {}
-    for name, excess in t.constraints.items():
-        if excess <= 0 or name not in slos:
-            continue
-        value = measured.metrics.get(name)
-        out[name] = float(value) if isinstance(value, (int, float)) else math.nan
-    return out
+    """The SLOs a trial missed (its constraints say which), each with its measured ms
+    (``measured``: the record holding its metrics); NaN for a figure the benchmark did not report."""
+    return misses(measured.metrics, {k: slos[k] for k, v in t.constraints.items() if v > 0 and k in slos})

@@ -75,19 +75,17 @@ class Verdict:
         best = self.winning
         doc = asdict(self)
         # a latency no round reported is NaN here, null in JSON (which has no NaN)
-        doc["baseline_slo_misses"] = _finite(self.baseline_slo_misses)
+        from autotune.study.slo import finite
+
+        doc["baseline_slo_misses"] = finite(self.baseline_slo_misses)
         for c in doc["candidates"]:
-            c["slo_misses"] = _finite(c["slo_misses"])
+            c["slo_misses"] = finite(c["slo_misses"])
         return {
             **doc,
             "speedup": best.median if best is not None else 1.0,
             "speedup_ci95": list(best.ci95) if best is not None and best.ci95 is not None else None,
             "keep_defaults": self.winner is None and not self.baseline_slo_misses,
         }
-
-
-def _finite(misses: Mapping[str, float]) -> dict[str, float | None]:
-    return {k: v if math.isfinite(v) else None for k, v in misses.items()}
 
 
 def _interval(ratios: Sequence[float], seed: int) -> tuple[float, float] | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING, Any
 
 from autotune.analysis.quality import quality_text
@@ -14,6 +13,7 @@ from autotune.study.objectives import describe as describe_objectives
 from autotune.study.objectives import front
 from autotune.study.settings import raw_settings
 from autotune.study.slo import describe as describe_slos
+from autotune.study.slo import finite
 from autotune.study.trials import baseline_trial
 from autotune.trial.outcome import error_summary
 
@@ -102,7 +102,7 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
         "trials": [
             {
                 **dataclasses.asdict(r),
-                "slo_misses": {k: v if math.isfinite(v) else None for k, v in r.slo_misses.items()},
+                "slo_misses": finite(r.slo_misses),
             }
             for r in rows
         ],

@@ -13,6 +13,7 @@ is recorded with its latencies and never wins.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,6 +72,11 @@ def misses(metrics: Mapping[str, Any], slos: Mapping[str, float]) -> dict[str, f
         if not isinstance(value, (int, float)) or value > bound:
             out[name] = float(value) if isinstance(value, (int, float)) else float("nan")
     return out
+
+
+def finite(missed: Mapping[str, float]) -> dict[str, float | None]:
+    """``missed`` (from :func:`misses`) for JSON, which has no NaN: a figure not reported is null."""
+    return {k: v if math.isfinite(v) else None for k, v in missed.items()}
 
 
 def set_constraints(trial: optuna.Trial, metrics: Mapping[str, Any], slos: Mapping[str, float]) -> None:

@@ -116,7 +116,7 @@ class TrialRecord:
             why a measured trial's probe was not written.
         startup: What its engine start spent its time on, from vLLM's log (see
             :func:`autotune.trial.startup.parse_startup`): ``load_s``, ``compile_s``,
-            ``cudagraph_s``, ``init_engine_s``, ``compile_cache`` (hit, miss, partial).
+            ``cudagraph_s``, ``init_engine_s``, ``compile_cache`` (hit, miss, partial, load_failed).
         wall_s: Seconds from process start to its end.
         phases_s: Seconds after the start at which each phase began (see the protocol).
         engine_kwargs: ``LLM(**engine_kwargs)`` as run, the model included.
