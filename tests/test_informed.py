@@ -21,6 +21,7 @@ H200_7B = TrialRecord(
         "prompt_tokens": 256_000,
         "output_tokens": 256_000,
     },
+    engine={"max_cudagraph_capture_size": 512},  # vLLM's default: min(2 x max_num_seqs, 512)
 )
 
 
@@ -28,7 +29,13 @@ def test_the_batch_the_kv_cache_holds_with_and_without_fp8(engine) -> None:
     space = load_space("throughput", engine, gpus=1)
     configs = dict(informed_configs(H200_7B, space, engine.args))
     assert configs["kv-fit"] == {"max_num_seqs": 457, "async_scheduling": True}
-    assert configs["kv-fit-fp8"] == {"kv_cache_dtype": "fp8", "max_num_seqs": 914, "async_scheduling": True}
+    # 914 requests outgrow the baseline's CUDA graphs (up to 512): the config covers its batch
+    assert configs["kv-fit-fp8"] == {
+        "kv_cache_dtype": "fp8",
+        "max_num_seqs": 914,
+        "async_scheduling": True,
+        "max_cudagraph_capture_size": 1024,
+    }
     assert configs["kv-fit-fp8-weights"] == {"quantization": "fp8", **configs["kv-fit-fp8"]}
     assert ("throughput-mode" in configs) == ("performance_mode" in engine.args)
 
@@ -40,6 +47,18 @@ def test_values_stay_inside_the_space(engine) -> None:
     assert configs["kv-fit"] == {"max_num_seqs": 1024}
     assert "kv-fit-fp8" not in configs and "kv-fit-fp8-weights" not in configs
     assert informed_configs(TrialRecord(Outcome.SUCCESS, {}), space, ()) == []  # nothing measured
+
+
+def test_graphs_cover_the_batch_only_where_the_space_searches_them(engine) -> None:
+    space = load_space("throughput", engine, gpus=1)
+    small = TrialRecord(Outcome.SUCCESS, H200_7B.metrics, engine={"max_cudagraph_capture_size": 1024})
+    assert "max_cudagraph_capture_size" not in dict(informed_configs(small, space, engine.args))["kv-fit-fp8"]
+    huge = TrialRecord(
+        Outcome.SUCCESS, {**H200_7B.metrics, "kv_cache_tokens": 2_000_000}, engine=H200_7B.engine
+    )
+    assert dict(informed_configs(huge, space, engine.args))["kv-fit"]["max_cudagraph_capture_size"] == 1024
+    cpu = load_space("cpu", engine, gpus=1)  # no CUDA graphs searched
+    assert all("max_cudagraph_capture_size" not in c for _, c in informed_configs(H200_7B, cpu, engine.args))
 
 
 def test_they_run_right_after_the_baseline_behind_the_users_own(engine, tmp_path: Path, monkeypatch) -> None:
