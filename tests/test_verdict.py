@@ -75,3 +75,38 @@ def test_defaults_that_miss_an_slo_in_their_rounds_are_no_verdict_to_keep():
     plain = judge(base, {3: [990.0, 1030.0, 985.0]}, slo_misses={3: {}})
     assert plain.verdict.startswith("keep vLLM's defaults: no config that meets the SLOs was faster")
     assert plain.to_dict()["keep_defaults"]
+
+
+def test_a_search_run_the_rounds_contradict_is_named_with_its_compile_cache(tmp_path) -> None:
+    """The H200 study of 2026-12-06: #10 ran x1.202 on a fresh compile, x1.120 on the loaded one."""
+    import shutil
+    from pathlib import Path
+
+    import optuna
+
+    from autotune.analysis.verdict import search_gaps, study_verdict
+
+    db = tmp_path / "s7b.db"
+    shutil.copy(Path(__file__).parents[1] / "benchmarks/results/h200-2026-12-06-study/s7b.db", db)
+    v = study_verdict(optuna.load_study(study_name="s7b", storage=f"sqlite:///{db}"))
+    assert v is not None and v.winner == 3 and v.baseline_search_value == pytest.approx(8488.9, abs=0.1)
+    ten = next(c for c in v.candidates if c.trial == 10)
+    assert ten.search_ratio == pytest.approx(1.202, abs=0.001) and ten.median == pytest.approx(
+        1.120, abs=0.001
+    )
+    assert (ten.search_compile_cache, ten.round_compile_caches) == ("miss", ("hit", "hit"))
+    (gap,) = search_gaps(v.to_dict())  # #3 agreed with its rounds (x1.339 vs x1.345)
+    assert gap.startswith("#10: x1.202 in its search run, x1.120 validated (-6.8%)") and "miss" in gap
+
+
+def test_a_baseline_that_moved_is_said_once_not_blamed_on_every_config() -> None:
+    from dataclasses import replace
+
+    from autotune.analysis.verdict import search_gaps
+
+    v = judge([8212.4, 8290.3, 8252.6], {18: [10025.6, 10025.6, 10017.8]})
+    # the search measured the defaults at 8,748 and #18 at 10,024.7 (x1.146): the defaults moved
+    v = replace(v, baseline_search_value=8748.0, candidates=(replace(v.candidates[0], search_ratio=1.146),))
+    (gap,) = search_gaps(v.to_dict())
+    assert gap.startswith("vLLM's defaults: 8,748.0 in the search's baseline run, 8,252.6 here")
+    assert search_gaps(judge([1000.0, 1010.0], {1: [1200.0, 1212.0]}).to_dict()) == []  # no search figures

@@ -13,15 +13,20 @@ import math
 import statistics
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import optuna
+    import optuna.trial
 
 #: fewer rounds than this and no interval is computed (one ratio says nothing of the noise)
 MIN_ROUNDS = 2
 CONFIDENCE = 0.95
+#: a search run and its rounds disagree when they differ by more than this many times the
+#: baseline's round-to-round CV, and never by less than MIN_GAP
+GAP_CVS = 3.0
+MIN_GAP = 0.02
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,11 @@ class CandidateResult:
     #: serve mode: the SLOs its validation rounds missed, ``{metric: median ms over the rounds}``;
     #: such a config never wins, however fast
     slo_misses: dict[str, float] = field(default_factory=dict)
+    #: its one search run over the search's baseline run: what the study ranked it by
+    search_ratio: float | None = None
+    #: vLLM's compile cache (hit, miss, ...) in its search run, and in each of its rounds
+    search_compile_cache: str | None = None
+    round_compile_caches: tuple[str | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,7 @@ class Verdict:
         verdict: The outcome in words.
         baseline_slo_misses: Serve mode: the SLOs vLLM's defaults missed in these rounds
             (``{metric: median ms}``); then "keep the defaults" cannot be followed.
+        baseline_search_value: The baseline's value in the search (its one run there).
     """
 
     rounds: int
@@ -65,6 +76,7 @@ class Verdict:
     overlapping: tuple[int, ...]
     verdict: str
     baseline_slo_misses: dict[str, float] = field(default_factory=dict)
+    baseline_search_value: float | None = None
 
     @property
     def winning(self) -> CandidateResult | None:
@@ -267,7 +279,7 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
     candidates = sorted({m.validates for m in found} - {base.number})
     configs = {n: dict(TrialRecord.of(study.trials[n]).engine_kwargs or {}) for n in candidates}
     slos = raw_settings(study).get("slos") or {}
-    return judge(
+    verdict = judge(
         rounds_of(found, base.number, rounds),
         {n: rounds_of(found, n, rounds) for n in candidates},
         configs=configs,
@@ -279,6 +291,62 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
         if slos
         else None,
     )
+
+    def cache(trial: optuna.trial.FrozenTrial) -> str | None:
+        return TrialRecord.of(trial).startup.get("compile_cache")
+
+    base_value = base.values[0] if base.values else None
+    searched = []
+    for c in verdict.candidates:
+        run = study.trials[c.trial]
+        mine = sorted((m for m in found if m.validates == c.trial), key=lambda m: m.round)
+        searched.append(
+            replace(
+                c,
+                search_ratio=run.values[0] / base_value if run.values and base_value else None,
+                search_compile_cache=cache(run),
+                round_compile_caches=tuple(cache(val.trials[m.number]) for m in mine),
+            )
+        )
+    return replace(verdict, candidates=tuple(searched), baseline_search_value=base_value)
+
+
+def search_gaps(verdict: Mapping[str, Any]) -> list[str]:
+    """Where a validated figure and the search's one run disagree beyond the rounds' noise, in
+    words: the config's and the baseline's figures, and the compile cache where it differed.
+
+    Args:
+        verdict: :meth:`Verdict.to_dict` (as an export or ``show --json`` holds it).
+    """
+    cv = verdict.get("noise_cv")
+    limit = max(MIN_GAP, GAP_CVS * cv) if isinstance(cv, (int, float)) else MIN_GAP
+    out = []
+    measured = [b for b in verdict.get("baseline_values") or () if b is not None]
+    before = verdict.get("baseline_search_value")
+    if measured and before:
+        now = statistics.median(measured)
+        if abs(now / before - 1) > limit:
+            out.append(
+                f"vLLM's defaults: {before:,.1f} in the search's baseline run, {now:,.1f} here "
+                f"(median, {now / before - 1:+.1%}): every search ratio is off by about that much"
+            )
+    for c in verdict.get("candidates") or ():
+        was, now = c.get("search_ratio"), c.get("median")
+        if not was or now is None or abs(now / was - 1) <= limit:
+            continue
+        values = [x for x in c.get("values") or () if x is not None]
+        if before and values and abs(statistics.median(values) / (was * before) - 1) <= limit:
+            continue  # the config measured the same: the baseline moved (said above)
+        text = f"#{c['trial']}: x{was:.3f} in its search run, x{now:.3f} validated ({now / was - 1:+.1%})"
+        before_cache, rounds = c.get("search_compile_cache"), [r for r in c.get("round_compile_caches") or ()]
+        if before_cache and rounds and before_cache not in rounds:
+            text += (
+                f"; vLLM's compile cache: {before_cache} in the search run, "
+                f"{'/'.join(sorted(set(filter(None, rounds))))} in the rounds "
+                "(a loaded compiled graph can run at another speed than a fresh compile)"
+            )
+        out.append(text)
+    return out
 
 
 def round_misses(val: optuna.Study, found: Sequence[Any], slos: Mapping[str, float]) -> dict[str, float]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.analysis.quality import quality_text
 from autotune.analysis.records import trial_rows
+from autotune.analysis.verdict import search_gaps
 from autotune.output.listing import summarize_study
 from autotune.output.text import fmt, indent, table
 from autotune.study.objectives import describe as describe_objectives
@@ -127,10 +128,15 @@ def _validation_lines(v: dict[str, Any] | None) -> list[str]:
                 f"x{c['median']:.3f}" if c.get("median") is not None else "-",
                 f"{ci[0]:.3f}-{ci[1]:.3f}" if ci else "-",
                 " ".join(f"{r:.3f}" for r in c.get("ratios") or ()) or "-",
+                f"x{c['search_ratio']:.3f}" if c.get("search_ratio") else "-",
             ]
         )
     if rows:
-        lines.append(indent(table(["config of", "speedup", "95 % CI", "each round (x defaults)"], rows)))
+        header = ["config of", "speedup", "95 % CI", "each round (x defaults)", "search run"]
+        lines.append(indent(table(header, rows)))
+    if gaps := search_gaps(v):
+        lines.append("  the search's one run and the rounds disagree beyond the noise:")
+        lines.extend(f"    {g}" for g in gaps)
     return lines
 
 
