@@ -170,3 +170,20 @@ def test_merge_pools_runs_and_refuses_mismatches() -> None:
     b["configs"][0]["engine_kwargs"] = {"other": 1}
     with pytest.raises(ValueError, match="different engine args"):
         merge([a, b])
+
+
+def test_best_after_n_trials_counts_the_budget_in_start_order(tmp_path) -> None:
+    """The H200 study of 2026-12-06 (13 trials): its best after 10 was the 4th trial's, x1.339."""
+    import shutil
+
+    import optuna
+
+    from benchmarks.trial_cost import best_after
+
+    db = tmp_path / "s7b.db"
+    shutil.copy(Path(__file__).parent / "results/h200-2026-12-06-study/s7b.db", db)
+    study = optuna.load_study(study_name="s7b", storage=f"sqlite:///{db}")
+    got = best_after(study)
+    assert list(got) == ["10"]  # 20 and 30 not reached
+    assert got["10"]["trial"] == 3 and got["10"]["vs_baseline"] == pytest.approx(1.339, abs=0.001)
+    assert best_after(study, (4, 3))["3"]["trial"] == 2 and best_after(study, (4,))["4"]["trial"] == 3

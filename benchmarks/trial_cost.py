@@ -17,12 +17,15 @@ from typing import Any
 import optuna
 
 from autotune.atomic import write_json_atomic, write_text_atomic
-from autotune.study.budget import counted_trials
+from autotune.study.budget import budget_order, counted_trials
+from autotune.study.trials import baseline_trial
 from autotune.trial.record import TrialRecord
 from autotune.trial.startup import read_startup
 
 #: the worker's phases in order (see autotune.trial.protocol); each lasts until the next one
 PHASES = ("import", "validate", "engine_start", "warmup", "client_start", "generate", "probe", "shutdown")
+#: the budgets at which a study's best so far is reported (issue 17: after 10, 20 and 30 trials)
+BEST_AFTER = (10, 20, 30)
 #: the engine start's parts, as vLLM logged them (autotune.trial.startup)
 STARTUP_PARTS = ("load_s", "weights_s", "compile_s", "cudagraph_s", "init_engine_s")
 
@@ -34,6 +37,28 @@ def startup_of(record: TrialRecord) -> dict[str, Any]:
         return dict(record.startup)
     tdir = Path(record.trial_dir)
     return read_startup(tdir / "stdout.log", tdir / "stderr.log") if tdir.is_dir() else {}
+
+
+def best_after(study: optuna.Study, budgets: tuple[int, ...] = BEST_AFTER) -> dict[str, dict[str, Any]]:
+    """The study's best after its first N budget trials, for each N it has reached: the value,
+    the trial and its ratio to the baseline's (one search run each, not validated)."""
+    order = budget_order(study)
+    base = baseline_trial(study)
+    base_value = base.value if base is not None else None
+    out = {}
+    for n in budgets:
+        if len(order) < n:
+            break
+        done = [t for t in order[:n] if t.value is not None]
+        if not done:
+            continue
+        best = max(done, key=lambda t: t.value or 0.0)
+        out[str(n)] = {
+            "value": best.value,
+            "trial": best.number,
+            "vs_baseline": best.value / base_value if base_value and best.value else None,
+        }
+    return out
 
 
 def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
@@ -63,6 +88,7 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
             caches[s["compile_cache"]] = caches.get(s["compile_cache"], 0) + 1
     return {
         "study": study.study_name,
+        "best_after": best_after(study),
         "trials": len(launched),
         "counted": counted_trials(study),
         "rated_trials": len(rated),
@@ -166,6 +192,20 @@ def render(doc: dict[str, Any]) -> str:
         "best (tok/s) at end",
         [f"{s['best_so_far'][-1][1]:,.0f}" if s["best_so_far"] else "-" for s in studies],
     )
+    for n in BEST_AFTER:
+        cells = [s.get("best_after", {}).get(str(n)) for s in studies]
+        if any(cells):
+            line(
+                f"best after {n} trials (one run, x baseline)",
+                [
+                    f"{c['value']:,.0f} (#{c['trial']}"
+                    + (f", x{c['vs_baseline']:.3f}" if c.get("vs_baseline") else "")
+                    + ")"
+                    if c
+                    else "not reached"
+                    for c in cells
+                ],
+            )
     out = [f"# Trial cost: {' vs '.join(names)}", "", *rows, ""]
     if doc.get("same_configs"):
         ratios = [c["value_ratio"] for c in doc["same_configs"]]

@@ -23,6 +23,15 @@ def counted_trials(study: optuna.Study) -> int:
     return len(_counted(study.get_trials(deepcopy=False)))
 
 
+def budget_order(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials that used up the study's budget, in the order they started (ties by number)."""
+
+    def key(t: optuna.trial.FrozenTrial) -> tuple[float, int]:
+        return (t.datetime_start.timestamp() if t.datetime_start else float("inf"), t.number)
+
+    return sorted(_counted(study.get_trials(deepcopy=False)), key=key)
+
+
 def over_budget(study: optuna.Study, trial: optuna.trial.BaseTrial, total: int) -> bool:
     """Whether ``trial`` (just started) is beyond the study's budget of ``total``.
 
