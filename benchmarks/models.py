@@ -8,7 +8,9 @@ configs are the published ones of the Hugging Face checkpoints.
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,12 +146,48 @@ def param_count(cfg: dict[str, Any]) -> int:
     return DenseShape.from_config(cfg).params
 
 
-def write_arch(name: str, out_dir: str | Path) -> Path:
-    """Write the config-only checkpoint of ``name`` (a key of :data:`ARCHS`) into ``out_dir``."""
+#: the files of a Hugging Face tokenizer that travel with a config-only checkpoint
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+
+
+def write_arch(name: str, out_dir: str | Path, tokenizer: str | Path | None = None) -> Path:
+    """Write the config-only checkpoint of ``name`` (a key of :data:`ARCHS`) into ``out_dir``.
+
+    Args:
+        name: The architecture.
+        out_dir: The checkpoint directory to write.
+        tokenizer: A directory holding a Hugging Face tokenizer to ship with it, for what needs
+            text (a server and its benchmark client): its files are copied, and the model's
+            vocabulary, BOS and EOS become the tokenizer's, so every token id the random weights
+            sample decodes. The layers stay the architecture's.
+    """
     if name not in ARCHS:
         raise ValueError(f"unknown architecture {name!r}; known: {', '.join(ARCHS)}")
-    cfg = ARCHS[name]
+    cfg = dict(ARCHS[name])
     out = Path(out_dir)
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        src = Path(tokenizer).expanduser()
+        found = [f for f in TOKENIZER_FILES if (src / f).is_file()]
+        if not found:
+            raise ValueError(f"--tokenizer {src}: no tokenizer files there ({', '.join(TOKENIZER_FILES)})")
+        tok = AutoTokenizer.from_pretrained(src)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in found:
+            shutil.copyfile(src / f, out / f)
+        cfg["vocab_size"] = len(tok)
+        for key, token_id in (("bos_token_id", tok.bos_token_id), ("eos_token_id", tok.eos_token_id)):
+            if token_id is not None:
+                cfg[key] = token_id
     write_json_atomic(out / "config.json", cfg)
     # token ids only: sampling defaults here would be vLLM's defaults for requests without any
     write_json_atomic(
@@ -170,3 +208,20 @@ def resolve_model(arch: str, out_dir: Path) -> tuple[Path, dict[str, Any]]:
             raise ValueError(f"--model-arch {arch}: not one of {', '.join(ARCHS)} and no config.json there")
     path = path.resolve()
     return path, json.loads((path / "config.json").read_text(encoding="utf-8"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.models",
+        description="Write a config-only checkpoint for vLLM's load_format=dummy.",
+    )
+    parser.add_argument("arch", choices=sorted(ARCHS))
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--tokenizer", type=Path, help="a tokenizer directory to ship with it")
+    args = parser.parse_args(argv)
+    print(write_arch(args.arch, args.out, args.tokenizer))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -187,3 +187,17 @@ def test_best_after_n_trials_counts_the_budget_in_start_order(tmp_path) -> None:
     assert list(got) == ["10"]  # 20 and 30 not reached
     assert got["10"]["trial"] == 3 and got["10"]["vs_baseline"] == pytest.approx(1.339, abs=0.001)
     assert best_after(study, (4, 3))["3"]["trial"] == 2 and best_after(study, (4,))["4"]["trial"] == 3
+
+
+def test_a_shipped_tokenizer_sets_the_vocabulary_so_every_sampled_id_decodes(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from autotune.demo.tiny_model import build_tiny_llama
+
+    tok_dir = build_tiny_llama(tmp_path / "tiny", vocab_size=300)
+    path = write_arch("llama2-7b", tmp_path / "l7", tokenizer=tok_dir)
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["vocab_size"] == len(tok) and cfg["hidden_size"] == 4096  # the layers stay 7B's
+    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (tok.bos_token_id, tok.eos_token_id)
+    with pytest.raises(ValueError, match="no tokenizer files"):
+        write_arch("llama2-7b", tmp_path / "x", tokenizer=tmp_path / "l7-missing")
