@@ -12,6 +12,7 @@ import optuna
 
 from autotune._logging import get_logger
 from autotune.analysis.records import TrialRow, trial_rows
+from autotune.analysis.verdict import search_gaps
 from autotune.atomic import write_text_atomic
 from autotune.errors import ReportError
 from autotune.output.report.figures import (
@@ -123,22 +124,33 @@ def _validation_section(v: dict[str, Any] | None, objective: str) -> str:
         ci, median = c.get("ci95"), c.get("median")
         winner = " (winner)" if c["trial"] == v.get("winner") else ""
         each = " ".join(f"{r:.3f}" for r in c.get("ratios") or ())
+        searched = f"x{c['search_ratio']:.3f}" if c.get("search_ratio") else "—"
         rows.append(
             f"<tr><td>#{c['trial']}{winner}</td>"
             f'<td class="num">{f"x{median:.3f}" if median is not None else "—"}</td>'
             f'<td class="num">{f"{ci[0]:.3f}–{ci[1]:.3f}" if ci else "—"}</td>'
-            f"<td>{html.escape(each)}</td></tr>"
+            f"<td>{html.escape(each)}</td>"
+            f'<td class="num">{searched}</td></tr>'
         )
     cv = v.get("noise_cv")
     noise = f" vLLM's defaults varied {cv:.1%} between rounds." if cv is not None else ""
     table = (
         "<table><thead><tr><th>config of</th><th>speedup (median)</th><th>95 % CI</th>"
-        f"<th>each round (× defaults)</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        "<th>each round (× defaults)</th><th>search run</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+    gaps = search_gaps(v)
+    notes = (
+        '<p class="note">The search\'s one run and the rounds disagree beyond the noise:</p><ul>'
+        + "".join(f"<li>{html.escape(g)}</li>" for g in gaps)
+        + "</ul>"
+        if gaps
+        else ""
     )
     figure = validation_figure(v, objective) or ""
     return (
         f"<p><b>{html.escape(v['verdict'])}</b></p><p>{v['rounds']} round(s).{html.escape(noise)}</p>"
-        f"{figure}{table}"
+        f"{figure}{table}{notes}"
     )
 
 
