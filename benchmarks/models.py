@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,7 +145,7 @@ def param_count(cfg: dict[str, Any]) -> int:
     return DenseShape.from_config(cfg).params
 
 
-#: the files of a Hugging Face tokenizer that travel with a config-only checkpoint
+#: the files that mark a directory as holding a Hugging Face tokenizer
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -167,7 +166,8 @@ def write_arch(name: str, out_dir: str | Path, tokenizer: str | Path | None = No
         tokenizer: A directory holding a Hugging Face tokenizer to ship with it, for what needs
             text (a server and its benchmark client): its files are copied, and the model's
             vocabulary, BOS and EOS become the tokenizer's, so every token id the random weights
-            sample decodes. The layers stay the architecture's.
+            sample decodes. The layers stay the architecture's; the embedding and LM head take
+            the tokenizer's size (a small model's speed moves with it).
     """
     if name not in ARCHS:
         raise ValueError(f"unknown architecture {name!r}; known: {', '.join(ARCHS)}")
@@ -177,17 +177,12 @@ def write_arch(name: str, out_dir: str | Path, tokenizer: str | Path | None = No
         from transformers import AutoTokenizer
 
         src = Path(tokenizer).expanduser()
-        found = [f for f in TOKENIZER_FILES if (src / f).is_file()]
-        if not found:
+        if not any((src / f).is_file() for f in TOKENIZER_FILES):
             raise ValueError(f"--tokenizer {src}: no tokenizer files there ({', '.join(TOKENIZER_FILES)})")
         tok = AutoTokenizer.from_pretrained(src)
-        out.mkdir(parents=True, exist_ok=True)
-        for f in found:
-            shutil.copyfile(src / f, out / f)
+        tok.save_pretrained(out)  # every file it needs, added tokens included
         cfg["vocab_size"] = len(tok)
-        for key, token_id in (("bos_token_id", tok.bos_token_id), ("eos_token_id", tok.eos_token_id)):
-            if token_id is not None:
-                cfg[key] = token_id
+        cfg["bos_token_id"], cfg["eos_token_id"] = tok.bos_token_id, tok.eos_token_id
     write_json_atomic(out / "config.json", cfg)
     # token ids only: sampling defaults here would be vLLM's defaults for requests without any
     write_json_atomic(

@@ -18,6 +18,8 @@ import optuna
 
 from autotune.atomic import write_json_atomic, write_text_atomic
 from autotune.study.budget import budget_order, counted_trials
+from autotune.study.objectives import primary_value
+from autotune.study.slo import feasible
 from autotune.study.trials import baseline_trial
 from autotune.trial.record import TrialRecord
 from autotune.trial.startup import read_startup
@@ -41,22 +43,23 @@ def startup_of(record: TrialRecord) -> dict[str, Any]:
 
 def best_after(study: optuna.Study, budgets: tuple[int, ...] = BEST_AFTER) -> dict[str, dict[str, Any]]:
     """The study's best after its first N budget trials, for each N it has reached: the value,
-    the trial and its ratio to the baseline's (one search run each, not validated)."""
+    the trial and its ratio to the baseline's (one search run each, not validated; a trial that
+    missed an SLO is no best, as in the study)."""
     order = budget_order(study)
     base = baseline_trial(study)
-    base_value = base.value if base is not None else None
+    base_value = primary_value(base) if base is not None else None
     out = {}
     for n in budgets:
         if len(order) < n:
-            break
-        done = [t for t in order[:n] if t.value is not None]
+            continue
+        done = [(v, t) for t in order[:n] if (v := primary_value(t)) is not None and feasible(t)]
         if not done:
             continue
-        best = max(done, key=lambda t: t.value or 0.0)
+        value, best = max(done, key=lambda d: d[0])
         out[str(n)] = {
-            "value": best.value,
+            "value": value,
             "trial": best.number,
-            "vs_baseline": best.value / base_value if base_value and best.value else None,
+            "vs_baseline": value / base_value if base_value else None,
         }
     return out
 

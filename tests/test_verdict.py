@@ -110,3 +110,26 @@ def test_a_baseline_that_moved_is_said_once_not_blamed_on_every_config() -> None
     (gap,) = search_gaps(v.to_dict())
     assert gap.startswith("vLLM's defaults: 8,748.0 in the search's baseline run, 8,252.6 here")
     assert search_gaps(judge([1000.0, 1010.0], {1: [1200.0, 1212.0]}).to_dict()) == []  # no search figures
+
+
+def test_a_gap_split_between_the_defaults_and_the_config_is_still_said() -> None:
+    from dataclasses import replace
+
+    from autotune.analysis.verdict import search_gaps
+
+    # defaults +1.5 %, the config -1.5 %: each within 2 %, their ratio off by 3 %
+    v = judge([1015.0, 1015.0], {4: [1182.0, 1182.0]})
+    v = replace(
+        v,
+        baseline_search_value=1000.0,
+        candidates=(
+            replace(
+                v.candidates[0],
+                search_ratio=1.2,
+                search_compile_cache="miss",
+                round_compile_caches=(None, None),
+            ),
+        ),
+    )
+    (gap,) = search_gaps(v.to_dict())
+    assert gap.startswith("#4: x1.200 in its search run") and "compile cache" not in gap  # rounds' unknown

@@ -263,6 +263,7 @@ def _ms(misses: Mapping[str, float]) -> str:
 
 def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
     """The verdict of a study's validation rounds; None when it has none (not validated)."""
+    from autotune.study.objectives import primary_value
     from autotune.study.settings import raw_settings
     from autotune.study.trials import baseline_trial
     from autotune.study.validation import load_validation, measurements, rounds_of
@@ -292,20 +293,23 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
         else None,
     )
 
+    trials = study.get_trials(deepcopy=False)
+    rounds_run = val.get_trials(deepcopy=False)
+
     def cache(trial: optuna.trial.FrozenTrial) -> str | None:
         return TrialRecord.of(trial).startup.get("compile_cache")
 
-    base_value = base.values[0] if base.values else None
+    base_value = primary_value(trials[base.number])
     searched = []
     for c in verdict.candidates:
-        run = study.trials[c.trial]
-        mine = sorted((m for m in found if m.validates == c.trial), key=lambda m: m.round)
+        value = primary_value(trials[c.trial])
+        by_round = {m.round: cache(rounds_run[m.number]) for m in found if m.validates == c.trial}
         searched.append(
             replace(
                 c,
-                search_ratio=run.values[0] / base_value if run.values and base_value else None,
-                search_compile_cache=cache(run),
-                round_compile_caches=tuple(cache(val.trials[m.number]) for m in mine),
+                search_ratio=value / base_value if value is not None and base_value else None,
+                search_compile_cache=cache(trials[c.trial]),
+                round_compile_caches=tuple(by_round.get(r) for r in rounds),  # aligned with values
             )
         )
     return replace(verdict, candidates=tuple(searched), baseline_search_value=base_value)
@@ -323,9 +327,10 @@ def search_gaps(verdict: Mapping[str, Any]) -> list[str]:
     out = []
     measured = [b for b in verdict.get("baseline_values") or () if b is not None]
     before = verdict.get("baseline_search_value")
+    moved = False
     if measured and before:
         now = statistics.median(measured)
-        if abs(now / before - 1) > limit:
+        if moved := abs(now / before - 1) > limit:
             out.append(
                 f"vLLM's defaults: {before:,.1f} in the search's baseline run, {now:,.1f} here "
                 f"(median, {now / before - 1:+.1%}): every search ratio is off by about that much"
@@ -335,14 +340,17 @@ def search_gaps(verdict: Mapping[str, Any]) -> list[str]:
         if not was or now is None or abs(now / was - 1) <= limit:
             continue
         values = [x for x in c.get("values") or () if x is not None]
-        if before and values and abs(statistics.median(values) / (was * before) - 1) <= limit:
+        if moved and values and abs(statistics.median(values) / (was * before) - 1) <= limit:
             continue  # the config measured the same: the baseline moved (said above)
         text = f"#{c['trial']}: x{was:.3f} in its search run, x{now:.3f} validated ({now / was - 1:+.1%})"
-        before_cache, rounds = c.get("search_compile_cache"), [r for r in c.get("round_compile_caches") or ()]
+        before_cache, rounds = (
+            c.get("search_compile_cache"),
+            [r for r in c.get("round_compile_caches") or () if r],
+        )
         if before_cache and rounds and before_cache not in rounds:
             text += (
                 f"; vLLM's compile cache: {before_cache} in the search run, "
-                f"{'/'.join(sorted(set(filter(None, rounds))))} in the rounds "
+                f"{'/'.join(sorted(set(rounds)))} in the rounds "
                 "(a loaded compiled graph can run at another speed than a fresh compile)"
             )
         out.append(text)

@@ -19,12 +19,13 @@ arguments the space searches or the installed vLLM has:
    batched tokens).
 
 Where a config's batch is larger than the baseline's largest CUDA graph (vLLM's default is
-``min(2 * max_num_seqs, 512)``) and the space searches ``max_cudagraph_capture_size``, the config
-also raises it to the smallest size that covers the batch: a decode step of more requests than the
-largest graph runs without CUDA graphs, so a bigger batch would otherwise pay launch overhead on
-every step it gains. (The H200 study of 2026-12-06 ran kv-fit-fp8 at 914 requests with graphs up
-to 512: x1.195, where an H100's 468 requests, covered, gave x1.298; how much of that gap the
-cover closes is for the next GPU run to measure.)
+``min(2 * max_num_seqs, 512)`` on Hopper, capped by ``max_num_batched_tokens``) and the space
+searches ``max_cudagraph_capture_size``, the config also raises it to the smallest size that
+covers the batch: a decode step of more requests than the largest graph runs without CUDA graphs,
+so a bigger batch would otherwise pay launch overhead on every step it gains. (The H200 study
+of 2026-12-06 ran kv-fit-fp8 at 914 requests with graphs up to 512: x1.195, where an H100's 468
+requests, covered, gave x1.298; how much of that gap the cover closes is for the next GPU run
+to measure.)
 
 The sampler sees their params like any trial's; TPE's start-up then has measured points to
 start from.
@@ -83,7 +84,9 @@ def informed_configs(
     def covered(config: dict[str, Any]) -> dict[str, Any]:
         """``config`` with CUDA graphs up to its batch, where the baseline's stop short of it."""
         batch = config.get("max_num_seqs")
-        if capture is None or not isinstance(graphs, int) or not isinstance(batch, int) or batch <= graphs:
+        if capture is None or not isinstance(graphs, int) or graphs <= 0 or not isinstance(batch, int):
+            return config  # no CUDA graphs to cover with (eager), or not searched
+        if batch <= graphs:
             return config
         size = _covering(capture, batch)
         return {**config, capture.name: size} if size is not None and size > graphs else config
