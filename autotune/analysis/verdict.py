@@ -278,7 +278,8 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
         return None
     rounds = sorted({m.round for m in found if m.validates == base.number})
     candidates = sorted({m.validates for m in found} - {base.number})
-    configs = {n: dict(TrialRecord.of(study.trials[n]).engine_kwargs or {}) for n in candidates}
+    trials = study.get_trials(deepcopy=False)
+    configs = {n: dict(TrialRecord.of(trials[n]).engine_kwargs or {}) for n in candidates}
     slos = raw_settings(study).get("slos") or {}
     verdict = judge(
         rounds_of(found, base.number, rounds),
@@ -293,7 +294,6 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
         else None,
     )
 
-    trials = study.get_trials(deepcopy=False)
     rounds_run = val.get_trials(deepcopy=False)
 
     def cache(trial: optuna.trial.FrozenTrial) -> str | None:

@@ -23,13 +23,14 @@ def counted_trials(study: optuna.Study) -> int:
     return len(_counted(study.get_trials(deepcopy=False)))
 
 
+def _started(t: optuna.trial.FrozenTrial) -> tuple[float, int]:
+    """A trial's place in the budget: when it started (not yet: last), ties by number."""
+    return (t.datetime_start.timestamp() if t.datetime_start else float("inf"), t.number)
+
+
 def budget_order(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The trials that used up the study's budget, in the order they started (ties by number)."""
-
-    def key(t: optuna.trial.FrozenTrial) -> tuple[float, int]:
-        return (t.datetime_start.timestamp() if t.datetime_start else float("inf"), t.number)
-
-    return sorted(_counted(study.get_trials(deepcopy=False)), key=key)
+    return sorted(_counted(study.get_trials(deepcopy=False)), key=_started)
 
 
 def over_budget(study: optuna.Study, trial: optuna.trial.BaseTrial, total: int) -> bool:
@@ -43,8 +44,4 @@ def over_budget(study: optuna.Study, trial: optuna.trial.BaseTrial, total: int) 
     mine = next((t for t in counted if t.number == trial.number), None)
     if mine is None or mine.datetime_start is None:
         return False
-
-    def key(t: optuna.trial.FrozenTrial) -> tuple[float, int]:
-        return (t.datetime_start.timestamp() if t.datetime_start else float("inf"), t.number)
-
-    return sum(1 for t in counted if key(t) < key(mine)) >= total
+    return sum(1 for t in counted if _started(t) < _started(mine)) >= total
