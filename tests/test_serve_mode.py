@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -74,7 +75,13 @@ def test_serve_study_keeps_slo_misses_from_winning_and_exports_a_server(tmp_path
         assert t.constraints["ttft_p99_ms"] == pytest.approx(metrics["ttft_p99_ms"] - SLO_MS)
         trial_dir = Path(t.user_attrs["trial_dir"])
         assert (trial_dir / "bench.json").is_file()  # vLLM's own benchmark result, kept
-        assert "api_server" in (trial_dir / "stderr.log").read_text()  # the server's log, in the trial's
+        log = (trial_dir / "stderr.log").read_text()
+        assert "api_server" in log  # the server's log, in the trial's
+        # the server is a process of its own, forked from the trial's worker (no fresh import)
+        server_pids = {int(p) for p in re.findall(r"\(APIServer pid=(\d+)\)", log)}
+        worker_pid = json.loads((trial_dir / "result.json").read_text())["pid"]
+        assert len(server_pids) == 1 and worker_pid not in server_pids
+    assert (studies / "forkserver-1.log").is_file()  # serve trials fork from the warm worker too
     # the quality probe through the server: the baseline's sequences, scored by the other config
     assert (Path(baseline.user_attrs["trial_dir"]) / "probe.json").is_file()
     quality = slow.user_attrs["quality"]

@@ -14,7 +14,8 @@ The tuner talks to it through one JSON line each way on the server's stdin/stdou
 
 - the server: ``{"ready": true, "import_s": S}`` once, then per trial ``{"pid": PID}`` (the child,
   also its process group) and ``{"exit": PID, "returncode": RC}`` (negative: killed by a signal);
-- the tuner: ``{"spec": PATH, "stdout": PATH, "stderr": PATH}``; closing stdin ends the server.
+- the tuner: ``{"spec": PATH, "stdout": PATH, "stderr": PATH, "serve": BOOL}`` (``serve``: a serve
+  trial, run by :mod:`autotune.trial.serve_worker`); closing stdin ends the server.
 
 A server serves one GPU slot, one trial at a time, with the environment it was started with
 (``CUDA_VISIBLE_DEVICES`` and the rest): the tuner keeps one per slot (:class:`ForkServer`) and
@@ -54,7 +55,7 @@ class ServerGone(RuntimeError):
 
 
 def _child(request: dict[str, Any], channel: int, server: int, started: int) -> int:
-    """In the forked child: become the trial's worker process."""
+    """In the forked child: become the trial's worker process (the offline or the serve one)."""
     os.close(channel)  # the server's line to the tuner is not the trial's
     os.setsid()  # its own session and process group, killed as one
     os.write(started, b"1")  # the server names this PID only now: a group exists to kill
@@ -68,6 +69,10 @@ def _child(request: dict[str, Any], channel: int, server: int, started: int) -> 
         os.dup2(fd, target)
         os.close(fd)
     os.environ["AUTOTUNE_PARENT_PID"] = str(server)  # dies with the server (and its tuner)
+    if request.get("serve"):
+        from autotune.trial import serve_worker
+
+        return serve_worker.main([request["spec"]])
     from autotune.trial import worker
 
     return worker.main([request["spec"]])
@@ -243,12 +248,13 @@ class ForkServer:
             "warm worker ready: vLLM imported once in %.1f s (pid %s)", ready["import_s"], ready["pid"]
         )
 
-    def launch(self, spec: Path, stdout: Path, stderr: Path) -> ForkedTrial:
-        """Fork a trial process running ``spec``, its output to ``stdout`` and ``stderr``."""
+    def launch(self, spec: Path, stdout: Path, stderr: Path, serve: bool = False) -> ForkedTrial:
+        """Fork a trial process running ``spec`` (a serve trial's with ``serve``), its output to
+        ``stdout`` and ``stderr``."""
         if not self.alive:
             self.start()
         assert self._proc is not None and self._proc.stdin is not None
-        request = {"spec": str(spec), "stdout": str(stdout), "stderr": str(stderr)}
+        request = {"spec": str(spec), "stdout": str(stdout), "stderr": str(stderr), "serve": serve}
         try:
             self._proc.stdin.write(json.dumps(request) + "\n")
             self._proc.stdin.flush()

@@ -125,10 +125,10 @@ def _launch(
 ) -> TrialProcess:
     """Start the trial's worker process: forked by a warm worker, or from scratch (without one,
     or when it fails: a trial never fails for the warm worker's sake). A serve trial's worker
-    starts a fresh server process anyway: always from scratch."""
-    if server is not None and warm is not None and not serve:
+    forks vLLM's server from itself, so a warm one spares the server its imports too."""
+    if server is not None and warm is not None:
         try:
-            return server.launch(spec_path, out_path, err_path)
+            return server.launch(spec_path, out_path, err_path, serve=serve)
         except ServerGone as e:
             warm.disable(str(e))
     module = "autotune.trial.serve_worker" if serve else "autotune.trial.worker"
@@ -175,7 +175,7 @@ def run_trial(
         raise KeyboardInterrupt
     started = time.time()
     timed_out = stopped = False
-    server = warm.acquire(env) if warm is not None and spec.serve is None else None
+    server = warm.acquire(env) if warm is not None else None
     try:
         proc = _launch(spec_path, out_path, err_path, env, server, warm, serve=spec.serve is not None)
         sampler = GpuSampler(spec.device_ids).start()

@@ -17,17 +17,23 @@ tokenizer), and only inside the trial's process.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import io
 import json
+import multiprocessing
+import os
 import random
 import re
+import runpy
+import shlex
 import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -87,17 +93,43 @@ def _post(url: str, body: dict[str, Any], timeout_s: float = 300.0) -> dict[str,
         return result
 
 
-def start_server(model: str, server_args: list[str], port: int) -> subprocess.Popen[bytes]:
-    """vLLM's server for the config, in this process group; its output joins this stderr."""
-    argv = [sys.executable, "-m", SERVER_MODULE, "--model", model, *server_args]
+def preload() -> None:
+    """Import vLLM's server and its benchmark client (a warm worker does it once, beside the
+    offline worker's imports); a build without the server's dependencies still runs offline."""
+    try:
+        importlib.import_module(SERVER_MODULE)
+        importlib.import_module("vllm.benchmarks.serve")
+    except ImportError:
+        pass
+
+
+def _serve(argv: list[str]) -> None:
+    """In the forked server process: run vLLM's server module as ``python -m`` would."""
+    os.dup2(2, 1)  # the server's log joins stderr; stdout is the trial's line to the tuner
+    sys.argv = argv
+    sys.modules.pop(SERVER_MODULE, None)  # preloaded: run as __main__ afresh (its imports stay)
+    # the engine core is forked from the server too (vLLM's own choice when nothing says
+    # otherwise, and what LLM.generate does): the server's CLI would spawn it, a fresh import
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    runpy.run_module(SERVER_MODULE, run_name="__main__", alter_sys=True)
+
+
+def start_server(model: str, server_args: list[str], port: int) -> BaseProcess:
+    """vLLM's server for the config, in this process group: forked from this worker, which
+    has imported vLLM already (a fresh ``python -m`` paid 18-25 s for it on an H100, and its
+    engine core as much again, spawned)."""
+    argv = [SERVER_MODULE, "--model", model, *server_args]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log"]
-    print("server:", " ".join(argv), file=sys.stderr, flush=True)
-    return subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno()
-    )
+    print("server:", shlex.join(["python", "-m", *argv]), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    with warnings.catch_warnings():  # the tuner-watch thread holds no lock a fork could copy
+        warnings.simplefilter("ignore", DeprecationWarning)
+        proc = multiprocessing.get_context("fork").Process(target=_serve, args=(argv,), name="vllm-server")
+        proc.start()
+    return proc
 
 
-def wait_ready(proc: subprocess.Popen[bytes], base_url: str, timeout_s: float) -> None:
+def wait_ready(proc: BaseProcess, base_url: str, timeout_s: float) -> None:
     """Until the server answers ``/health`` with 200.
 
     Raises:
@@ -106,24 +138,23 @@ def wait_ready(proc: subprocess.Popen[bytes], base_url: str, timeout_s: float) -
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise ServerExited(f"vLLM's server exited with status {proc.returncode} before it was ready")
+        if not proc.is_alive():
+            raise ServerExited(f"vLLM's server exited with status {proc.exitcode} before it was ready")
         if _get(base_url + "/health", timeout_s=2.0)[0] == 200:
             return
         time.sleep(0.5)
     raise TimeoutError(f"vLLM's server did not answer /health within {timeout_s:.0f} s")
 
 
-def stop_server(proc: subprocess.Popen[bytes], grace_s: float = 30.0) -> None:
+def stop_server(proc: BaseProcess, grace_s: float = 30.0) -> None:
     """SIGINT (the server shuts its engine down), then SIGKILL after ``grace_s``."""
-    if proc.poll() is not None:
+    if not proc.is_alive() or proc.pid is None:
         return
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
+    os.kill(proc.pid, signal.SIGINT)
+    proc.join(grace_s)
+    if proc.is_alive():
         proc.kill()
-        proc.wait()
+        proc.join()
 
 
 def _tokenizer(name: str, engine_kwargs: dict[str, Any]) -> Any:
@@ -442,11 +473,11 @@ def run(spec: dict[str, Any]) -> int:
         result, errors = run_bench(ns)
         # the timed run ended as the client returned: its window, for telemetry, is its duration
         protocol.emit("phase", phase="generate", t=time.time() - float(result["duration"]))
-        if proc.poll() is not None:
+        if not proc.is_alive():
             protocol.emit(
                 "error",
                 error_type="server_exited",
-                error=f"vLLM's server exited with status {proc.returncode} during the benchmark",
+                error=f"vLLM's server exited with status {proc.exitcode} during the benchmark",
             )
             return 1
         if result.get("failed"):
