@@ -87,3 +87,19 @@ def test_they_run_right_after_the_baseline_behind_the_users_own(engine, tmp_path
     assert sum(TrialRecord.of(t).role is Role.INFORMED for t in study.get_trials()) == 3 + (
         "performance_mode" in engine.args
     )
+
+
+def test_a_serve_load_caps_the_batch_and_skips_what_the_defaults_already_do(engine) -> None:
+    """At 128 clients no batch holds more than 128 requests (the H100 serve study's kv-fit, 236
+    sequences, measured the defaults again: x0.988)."""
+    space = load_space("throughput", engine, gpus=1)
+    served = {**H200_7B.metrics, "kv_cache_tokens": 120_896, "concurrency": 128}
+    defaults = TrialRecord(Outcome.SUCCESS, served, engine={**H200_7B.engine, "max_num_seqs": 1024})
+    configs = dict(informed_configs(defaults, space, engine.args))
+    assert "kv-fit" not in configs  # the defaults' 1024 sequences already reach 128
+    assert configs["kv-fit-fp8"] == {"kv_cache_dtype": "fp8", "max_num_seqs": 128, "async_scheduling": True}
+    assert configs["kv-fit-fp8-weights"] == {"quantization": "fp8", **configs["kv-fit-fp8"]}
+    few = TrialRecord(Outcome.SUCCESS, served, engine={**H200_7B.engine, "max_num_seqs": 64})
+    assert dict(informed_configs(few, space, engine.args))["kv-fit"]["max_num_seqs"] == 128
+    rate = TrialRecord(Outcome.SUCCESS, {**served, "concurrency": None}, engine=defaults.engine)
+    assert dict(informed_configs(rate, space, engine.args))["kv-fit"]["max_num_seqs"] == 236  # no cap

@@ -27,6 +27,11 @@ of 2026-12-06 ran kv-fit-fp8 at 914 requests with graphs up to 512: x1.195, wher
 requests, covered, gave x1.298; how much of that gap the cover closes is for the next GPU run
 to measure.)
 
+In serve mode at a fixed ``--concurrency`` no batch ever holds more requests than there are
+clients, so the batches above are capped there, and kv-fit is left out where the defaults' own
+``max_num_seqs`` already reaches it: it would measure the defaults again (the H100 serve study
+of 2026-12-06 spent its second trial on kv-fit's 236 sequences at 128 clients, x0.988).
+
 The sampler sees their params like any trial's; TPE's start-up then has measured points to
 start from.
 """
@@ -91,14 +96,22 @@ def informed_configs(
         size = _covering(capture, batch)
         return {**config, capture.name: size} if size is not None and size > graphs else config
 
+    # serve mode at a fixed concurrency: no batch holds more requests than there are clients
+    clients = metrics.get("concurrency")
+    cap = clients if isinstance(clients, int) and clients > 0 else None
+    default_seqs = baseline.engine.get("max_num_seqs")
+
     out: list[tuple[str, dict[str, Any]]] = []
     if isinstance(kv_tokens, (int, float)) and kv_tokens > 0 and per_request > 0:
         batch = max(1, int(kv_tokens // per_request))
-        fit = searched({"max_num_seqs": batch, "async_scheduling": True})
-        if fit and "max_num_seqs" in fit:
+        fit_seqs = min(batch, cap) if cap else batch
+        fit = searched({"max_num_seqs": fit_seqs, "async_scheduling": True})
+        same_batch = cap is not None and isinstance(default_seqs, int) and default_seqs >= fit_seqs == cap
+        if fit and "max_num_seqs" in fit and not same_batch:
             fit = covered(fit)
             out.append(("kv-fit", fit))
-        fp8 = searched({"kv_cache_dtype": "fp8", "max_num_seqs": 2 * batch, "async_scheduling": True})
+        fp8_seqs = min(2 * batch, cap) if cap else 2 * batch
+        fp8 = searched({"kv_cache_dtype": "fp8", "max_num_seqs": fp8_seqs, "async_scheduling": True})
         if fp8 and "kv_cache_dtype" in fp8:
             fp8 = covered(fp8)
             out.append(("kv-fit-fp8", fp8))
