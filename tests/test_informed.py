@@ -94,9 +94,17 @@ def test_a_serve_load_caps_the_batch_and_skips_what_the_defaults_already_do(engi
     sequences, measured the defaults again: x0.988)."""
     space = load_space("throughput", engine, gpus=1)
     served = {**H200_7B.metrics, "kv_cache_tokens": 120_896, "concurrency": 128}
-    defaults = TrialRecord(Outcome.SUCCESS, served, engine={**H200_7B.engine, "max_num_seqs": 1024})
+    facts = {**H200_7B.engine, "max_num_seqs": 1024, "async_scheduling": True}
+    defaults = TrialRecord(Outcome.SUCCESS, served, engine=facts)
     configs = dict(informed_configs(defaults, space, engine.args))
-    assert "kv-fit" not in configs  # the defaults' 1024 sequences already reach 128
+    assert "kv-fit" not in configs  # the defaults' 1024 sequences already reach 128, async on
+    sync = TrialRecord(Outcome.SUCCESS, served, engine={**facts, "async_scheduling": False})
+    assert dict(informed_configs(sync, space, engine.args))["kv-fit"] == {
+        "max_num_seqs": 128,
+        "async_scheduling": True,
+    }  # asynchronous scheduling is news to these defaults
+    small = TrialRecord(Outcome.SUCCESS, {**served, "kv_cache_tokens": 50_000}, engine=facts)
+    assert dict(informed_configs(small, space, engine.args))["kv-fit"]["max_num_seqs"] == 97  # < 128
     assert configs["kv-fit-fp8"] == {"kv_cache_dtype": "fp8", "max_num_seqs": 128, "async_scheduling": True}
     assert configs["kv-fit-fp8-weights"] == {"quantization": "fp8", **configs["kv-fit-fp8"]}
     few = TrialRecord(Outcome.SUCCESS, served, engine={**H200_7B.engine, "max_num_seqs": 64})

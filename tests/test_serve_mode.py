@@ -78,10 +78,12 @@ def test_serve_study_keeps_slo_misses_from_winning_and_exports_a_server(tmp_path
         log = (trial_dir / "stderr.log").read_text()
         assert "api_server" in log  # the server's log, in the trial's
         # the server is a process of its own, forked from the trial's worker (no fresh import)
-        server_pids = {int(p) for p in re.findall(r"\(APIServer pid=(\d+)\)", log)}
+        forked = re.search(r"server: pid (\d+), forked from pid (\d+)", log)
+        assert forked is not None, log[:2000]
         worker_pid = json.loads((trial_dir / "result.json").read_text())["pid"]
-        assert len(server_pids) == 1 and worker_pid not in server_pids
-    assert (studies / "forkserver-1.log").is_file()  # serve trials fork from the warm worker too
+        assert int(forked[2]) == worker_pid and f"(APIServer pid={forked[1]})" in log
+    # serve trials fork from the warm worker too, and it stayed on
+    assert (studies / "forkserver-1.log").is_file() and "warm workers off" not in run.stderr
     # the quality probe through the server: the baseline's sequences, scored by the other config
     assert (Path(baseline.user_attrs["trial_dir"]) / "probe.json").is_file()
     quality = slow.user_attrs["quality"]

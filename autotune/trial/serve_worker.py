@@ -99,14 +99,17 @@ def preload() -> None:
     try:
         importlib.import_module(SERVER_MODULE)
         importlib.import_module("vllm.benchmarks.serve")
-    except ImportError:
-        pass
+    except Exception as e:  # a serve trial imports them itself, and says what failed
+        print(f"warm worker: vLLM's server not preloaded ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def _serve(argv: list[str]) -> None:
     """In the forked server process: run vLLM's server module as ``python -m`` would."""
     os.dup2(2, 1)  # the server's log joins stderr; stdout is the trial's line to the tuner
     sys.argv = argv
+    # multiprocessing fixed this process's start method at "fork"; vLLM may set its own
+    # (VLLM_WORKER_MULTIPROC_METHOD=forkserver), as it can in a fresh interpreter
+    multiprocessing.set_start_method(None, force=True)
     sys.modules.pop(SERVER_MODULE, None)  # preloaded: run as __main__ afresh (its imports stay)
     # the engine core is forked from the server too (vLLM's own choice when nothing says
     # otherwise, and what LLM.generate does): the server's CLI would spawn it, a fresh import
@@ -123,9 +126,10 @@ def start_server(model: str, server_args: list[str], port: int) -> BaseProcess:
     print("server:", shlex.join(["python", "-m", *argv]), file=sys.stderr, flush=True)
     sys.stdout.flush()
     with warnings.catch_warnings():  # the tuner-watch thread holds no lock a fork could copy
-        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", r".*use of fork\(\) may lead to deadlocks", DeprecationWarning)
         proc = multiprocessing.get_context("fork").Process(target=_serve, args=(argv,), name="vllm-server")
         proc.start()
+    print(f"server: pid {proc.pid}, forked from pid {os.getpid()}", file=sys.stderr, flush=True)
     return proc
 
 
@@ -151,7 +155,10 @@ def stop_server(proc: BaseProcess, grace_s: float = 30.0) -> None:
     if not proc.is_alive() or proc.pid is None:
         return
     os.kill(proc.pid, signal.SIGINT)
-    proc.join(grace_s)
+    # is_alive asks waitpid: join(timeout) would wait on a pipe the engine core holds open too
+    deadline = time.monotonic() + grace_s
+    while proc.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
     if proc.is_alive():
         proc.kill()
         proc.join()
