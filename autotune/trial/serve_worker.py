@@ -17,7 +17,6 @@ tokenizer), and only inside the trial's process.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import io
 import json
 import multiprocessing
@@ -93,16 +92,6 @@ def _post(url: str, body: dict[str, Any], timeout_s: float = 300.0) -> dict[str,
         return result
 
 
-def preload() -> None:
-    """Import vLLM's server and its benchmark client (a warm worker does it once, beside the
-    offline worker's imports); a build without the server's dependencies still runs offline."""
-    try:
-        importlib.import_module(SERVER_MODULE)
-        importlib.import_module("vllm.benchmarks.serve")
-    except Exception as e:  # a serve trial imports them itself, and says what failed
-        print(f"warm worker: vLLM's server not preloaded ({type(e).__name__}: {e})", file=sys.stderr)
-
-
 def _serve(argv: list[str]) -> None:
     """In the forked server process: run vLLM's server module as ``python -m`` would."""
     os.dup2(2, 1)  # the server's log joins stderr; stdout is the trial's line to the tuner
@@ -110,7 +99,6 @@ def _serve(argv: list[str]) -> None:
     # multiprocessing fixed this process's start method at "fork"; vLLM may set its own
     # (VLLM_WORKER_MULTIPROC_METHOD=forkserver), as it can in a fresh interpreter
     multiprocessing.set_start_method(None, force=True)
-    sys.modules.pop(SERVER_MODULE, None)  # preloaded: run as __main__ afresh (its imports stay)
     # the engine core is forked from the server too (vLLM's own choice when nothing says
     # otherwise, and what LLM.generate does): the server's CLI would spawn it, a fresh import
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")

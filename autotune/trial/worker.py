@@ -359,10 +359,6 @@ def preload() -> None:
     from vllm.engine.arg_utils import EngineArgs  # noqa: F401
     from vllm.usage.usage_lib import UsageContext  # noqa: F401
 
-    from autotune.trial import serve_worker
-
-    serve_worker.preload()
-
 
 def device_initialised() -> bool:
     """Whether this process has initialised CUDA (a fork of it could not use the GPU); torch
