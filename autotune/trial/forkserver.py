@@ -14,8 +14,8 @@ The tuner talks to it through one JSON line each way on the server's stdin/stdou
 
 - the server: ``{"ready": true, "import_s": S}`` once, then per trial ``{"pid": PID}`` (the child,
   also its process group) and ``{"exit": PID, "returncode": RC}`` (negative: killed by a signal);
-- the tuner: ``{"spec": PATH, "stdout": PATH, "stderr": PATH, "serve": BOOL}`` (``serve``: a serve
-  trial, run by :mod:`autotune.trial.serve_worker`); closing stdin ends the server.
+- the tuner: ``{"spec": PATH, "stdout": PATH, "stderr": PATH, "module": NAME}`` (the worker module
+  that runs the trial, one of :data:`WORKER_MODULES`); closing stdin ends the server.
 
 A server serves one GPU slot, one trial at a time, with the environment it was started with
 (``CUDA_VISIBLE_DEVICES`` and the rest): the tuner keeps one per slot (:class:`ForkServer`) and
@@ -25,6 +25,7 @@ starts a new one when a trial's environment differs.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import select
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,8 @@ from autotune._logging import get_logger
 from autotune.trial.process import stop_requests
 
 _logger = get_logger(__name__)
+#: the modules that run a trial (``main([SPEC]) -> exit status``): offline, serve
+WORKER_MODULES = ("autotune.trial.worker", "autotune.trial.serve_worker")
 #: how long a new server may take to import vLLM before the tuner gives up on it
 START_TIMEOUT_S = 300.0
 #: how often the server looks for its tuner while it waits
@@ -69,13 +72,11 @@ def _child(request: dict[str, Any], channel: int, server: int, started: int) -> 
         os.dup2(fd, target)
         os.close(fd)
     os.environ["AUTOTUNE_PARENT_PID"] = str(server)  # dies with the server (and its tuner)
-    if request.get("serve"):
-        from autotune.trial import serve_worker
-
-        return serve_worker.main([request["spec"]])
-    from autotune.trial import worker
-
-    return worker.main([request["spec"]])
+    module = request.get("module", WORKER_MODULES[0])
+    if module not in WORKER_MODULES:
+        return 2
+    main: Callable[[list[str]], int] = importlib.import_module(module).main
+    return main([request["spec"]])
 
 
 def _send(channel: int, **message: Any) -> None:
@@ -248,13 +249,13 @@ class ForkServer:
             "warm worker ready: vLLM imported once in %.1f s (pid %s)", ready["import_s"], ready["pid"]
         )
 
-    def launch(self, spec: Path, stdout: Path, stderr: Path, serve: bool = False) -> ForkedTrial:
-        """Fork a trial process running ``spec`` (a serve trial's with ``serve``), its output to
-        ``stdout`` and ``stderr``."""
+    def launch(self, spec: Path, stdout: Path, stderr: Path, module: str = WORKER_MODULES[0]) -> ForkedTrial:
+        """Fork a trial process running ``spec`` with worker ``module`` (one of
+        :data:`WORKER_MODULES`), its output to ``stdout`` and ``stderr``."""
         if not self.alive:
             self.start()
         assert self._proc is not None and self._proc.stdin is not None
-        request = {"spec": str(spec), "stdout": str(stdout), "stderr": str(stderr), "serve": serve}
+        request = {"spec": str(spec), "stdout": str(stdout), "stderr": str(stderr), "module": module}
         try:
             self._proc.stdin.write(json.dumps(request) + "\n")
             self._proc.stdin.flush()

@@ -19,7 +19,7 @@ from typing import Any
 from autotune._logging import get_logger
 from autotune.atomic import write_json_atomic
 from autotune.trial import protocol
-from autotune.trial.forkserver import ForkServer, ServerGone, WarmWorkers
+from autotune.trial.forkserver import WORKER_MODULES, ForkServer, ServerGone, WarmWorkers
 from autotune.trial.outcome import classify
 from autotune.trial.process import TrialProcess, reap_group, stop_requests, terminate, wait
 from autotune.trial.record import CONSTRAINT, Outcome, TrialRecord
@@ -126,12 +126,12 @@ def _launch(
     """Start the trial's worker process: forked by a warm worker, or from scratch (without one,
     or when it fails: a trial never fails for the warm worker's sake). A serve trial's worker
     forks vLLM's server from itself, so a warm one spares the server its imports too."""
+    module = WORKER_MODULES[1] if serve else WORKER_MODULES[0]
     if server is not None and warm is not None:
         try:
-            return server.launch(spec_path, out_path, err_path, serve=serve)
+            return server.launch(spec_path, out_path, err_path, module)
         except ServerGone as e:
             warm.disable(str(e))
-    module = "autotune.trial.serve_worker" if serve else "autotune.trial.worker"
     with out_path.open("wb") as out, err_path.open("wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", module, str(spec_path)],

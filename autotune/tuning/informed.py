@@ -99,13 +99,16 @@ def informed_configs(
     # serve mode at a fixed concurrency: no batch holds more requests than there are clients
     clients = metrics.get("concurrency")
     cap = clients if isinstance(clients, int) and clients > 0 else None
+
+    def capped(seqs: int) -> int:
+        return min(seqs, cap) if cap else seqs
+
     default_seqs = baseline.engine.get("max_num_seqs")
 
     out: list[tuple[str, dict[str, Any]]] = []
     if isinstance(kv_tokens, (int, float)) and kv_tokens > 0 and per_request > 0:
         batch = max(1, int(kv_tokens // per_request))
-        fit_seqs = min(batch, cap) if cap else batch
-        fit = searched({"max_num_seqs": fit_seqs, "async_scheduling": True})
+        fit = searched({"max_num_seqs": capped(batch), "async_scheduling": True})
         if fit and "max_num_seqs" in fit:
             fit = covered(fit)
             # at the cap with the defaults' batch reaching it and the rest as the defaults have
@@ -119,8 +122,7 @@ def informed_configs(
             )
             if not again:
                 out.append(("kv-fit", fit))
-        fp8_seqs = min(2 * batch, cap) if cap else 2 * batch
-        fp8 = searched({"kv_cache_dtype": "fp8", "max_num_seqs": fp8_seqs, "async_scheduling": True})
+        fp8 = searched({"kv_cache_dtype": "fp8", "max_num_seqs": capped(2 * batch), "async_scheduling": True})
         if fp8 and "kv_cache_dtype" in fp8:
             fp8 = covered(fp8)
             out.append(("kv-fit-fp8", fp8))
