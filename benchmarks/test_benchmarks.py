@@ -189,6 +189,27 @@ def test_best_after_n_trials_counts_the_budget_in_start_order(tmp_path) -> None:
     assert best_after(study, (4, 3))["3"]["trial"] == 2 and best_after(study, (4,))["4"]["trial"] == 3
 
 
+def test_trial_cost_reads_a_pareto_serve_study_by_its_throughput(tmp_path) -> None:
+    """The H100 Pareto serve study of 2026-12-06 (throughput, TTFT p99): its curve follows the
+    throughput of trials within the SLOs, never one that missed them."""
+    import shutil
+
+    import optuna
+
+    from benchmarks.trial_cost import study_cost
+
+    db = tmp_path / "pareto7b.db"
+    shutil.copy(Path(__file__).parent / "results/h100-2026-12-06-pareto/pareto7b.db", db)
+    cost = study_cost(optuna.load_study(study_name="pareto7b", storage=f"sqlite:///{db}"), 1)
+    assert cost["trials"] == 9 and cost["rated_trials"] == 8
+    assert [p[2] for p in cost["best_so_far"]][-1] == 8 and cost["best_so_far"][-1][1] == pytest.approx(
+        8973.0
+    )
+    assert {t["number"]: t["value"] for t in cost["per_trial"]}[4] == pytest.approx(
+        5589.2, abs=0.1
+    )  # missed TTFT
+
+
 def test_a_shipped_tokenizer_sets_the_vocabulary_so_every_sampled_id_decodes(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from autotune.demo.tiny_model import build_tiny_llama

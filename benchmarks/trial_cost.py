@@ -72,8 +72,9 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
     t0 = min(t.datetime_start for t in trials) if trials else None
     curve, best = [], None
     for t in sorted(trials, key=lambda t: t.datetime_complete):
-        if t.value is not None and TrialRecord.of(t).duplicate_of is None:
-            best = t.value if best is None else max(best, t.value)
+        value = primary_value(t)  # a multi-objective study's first objective: its throughput
+        if value is not None and feasible(t) and TrialRecord.of(t).duplicate_of is None:
+            best = value if best is None else max(best, value)
         if t0 is not None and best is not None:
             curve.append([(t.datetime_complete - t0).total_seconds(), best, t.number])
     rated = launched[skip_first:]
@@ -105,7 +106,7 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
         "per_trial": [
             {
                 "number": t.number,
-                "value": t.value,
+                "value": primary_value(t),
                 "state": t.state.name,
                 "wall_s": TrialRecord.of(t).wall_s,
                 "phase_s": TrialRecord.of(t).phase_durations(),
