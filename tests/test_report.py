@@ -210,3 +210,14 @@ def test_a_validated_study_shows_its_rounds_and_verdict(tmp_path):
     assert "trial #18 is faster than vLLM&#x27;s defaults: x1.214 (95 % CI 1.209-1.221)" in section
     assert "#18 (winner)" in section and "1.209–1.221" in section
     assert len(_IMG.findall(section)) == 1  # the rounds, beside the defaults'
+
+
+def test_a_serve_study_crosses_out_its_slo_misses_in_the_history(tmp_path):
+    """The H100 Pareto serve study of 2026-12-06: 4 of its 9 trials missed an SLO; the history
+    marks them apart from the trials that met the SLOs, as the front does."""
+    db = tmp_path / "pareto7b.db"
+    shutil.copy(Path(__file__).parents[1] / "benchmarks/results/h100-2026-12-06-pareto/pareto7b.db", db)
+    study = optuna.load_study(study_name="pareto7b", storage=f"sqlite:///{db}")
+    text = write_report(study, tmp_path / "r.html", importance_kwargs=FAST).read_text(encoding="utf-8")
+    assert "a cross missed an SLO (measured, never the best)" in text
+    assert "Pareto front" in text

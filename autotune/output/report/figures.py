@@ -94,14 +94,26 @@ def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[in
     fig = _figure(12, 4.4)
     ax = fig.add_subplot()
     done = [r for r in rows if r.value is not None]
+    met = [r for r in done if r.role != "baseline" and not r.slo_misses]
     ax.scatter(
-        [r.number for r in done if r.role != "baseline"],
-        [float(r.value or 0.0) for r in done if r.role != "baseline"],
+        [r.number for r in met],
+        [float(r.value or 0.0) for r in met],
         color=_FEASIBLE_COLOR,
         s=30,
         label="trial",
         zorder=3,
     )
+    missed = [r for r in done if r.role != "baseline" and r.slo_misses]
+    if missed:  # measured, but never the best
+        ax.scatter(
+            [r.number for r in missed],
+            [float(r.value or 0.0) for r in missed],
+            color=_INFEASIBLE_COLOR,
+            marker="x",
+            s=36,
+            label="misses an SLO",
+            zorder=3,
+        )
     best_x, best_y, best = [], [], -math.inf
     for r in done:
         assert r.value is not None
@@ -149,7 +161,10 @@ def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[in
     ax.grid(alpha=0.3)
     _legend_outside(ax, fontsize=9)
     return _png(
-        fig, "optimisation history", f"{objective} of every trial; the dashed line is vLLM's defaults"
+        fig,
+        "optimisation history",
+        f"{objective} of every trial; the dashed line is vLLM's defaults"
+        + ("; a cross missed an SLO (measured, never the best)" if missed else ""),
     )
 
 
