@@ -73,7 +73,10 @@ def _child(request: dict[str, Any], channel: int, server: int, started: int) -> 
         os.close(fd)
     os.environ["AUTOTUNE_PARENT_PID"] = str(server)  # dies with the server (and its tuner)
     module = request.get("module", WORKER_MODULES[0])
-    if module not in WORKER_MODULES:
+    if module not in WORKER_MODULES:  # the tuner and this server disagree: say so in the trial's log
+        print(
+            f"fork server: no worker module {module!r}; known: {', '.join(WORKER_MODULES)}", file=sys.stderr
+        )
         return 2
     main: Callable[[list[str]], int] = importlib.import_module(module).main
     return main([request["spec"]])
