@@ -4,7 +4,8 @@
 #   bash benchmarks/results/h200-2026-12-06-study/run.sh study SEC [autotune run args]      # the same command resumes
 #   bash benchmarks/results/h200-2026-12-06-study/run.sh validate SEC [autotune validate args]
 # On an H100 it resumes the validated 15-trial 7B study of ../h100-2026-12-06-validation towards
-# 30 trials (RESUME=FILE names another copy); on an H200 it starts the same study afresh.
+# 30 trials (RESUME=FILE names another copy); on an H200 it starts the same study afresh, or resumes
+# RESUME=FILE (a study an earlier session ran: more trials towards 30 on a fresh machine).
 set -u
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 step=$1; shift
@@ -14,7 +15,8 @@ if [ ! -f /tmp/st/s7b.db ]; then
   case "$gpu" in
   *H100*) src=${RESUME:-benchmarks/results/h100-2026-12-06-validation/s7b.db}
           cp "$src" /tmp/st/s7b.db && echo "$gpu: study copied from $src" ;;
-  *) echo "$gpu: a fresh study" ;;
+  *) if [ -n "${RESUME:-}" ]; then cp "$RESUME" /tmp/st/s7b.db && echo "$gpu: study copied from $RESUME"
+     else echo "$gpu: a fresh study"; fi ;;
   esac
 fi
 save() {
