@@ -4,14 +4,16 @@ always run whole."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import optuna
+import pytest
 
 from autotune.space.spec import ParamSpec, SearchSpace
 from autotune.study.lifecycle import make_pruner
 from autotune.trial.record import Outcome, Role, TrialRecord
-from autotune.trial.runner import _stopped
+from autotune.trial.runner import _PhaseWatch, _Stop, _stopped
 from tests.helpers import objective_for
 
 SPACE = SearchSpace("s", (ParamSpec("max_num_seqs", "int", low=1, high=1000),))
@@ -96,3 +98,29 @@ def test_nothing_is_stopped_before_five_trials_completed_or_with_early_stop_off(
     study = _study([500, 600, 700, 800, 2])
     study.optimize(objective_for(SPACE, tmp_path / "off", early_stop=False), n_trials=6)
     assert [s for _, s in seen[4:]] == ["whole"] * 6 and not study.trials[5].intermediate_values
+
+
+def _event(**fields) -> str:
+    return "\n@@autotune " + json.dumps({"pid": 7, **fields}) + "\n"
+
+
+def test_a_stop_verdict_behind_the_worker_spares_a_trial_that_finished_meanwhile(tmp_path: Path) -> None:
+    """The pruner's verdict rests on progress read a moment ago; a worker that has written its
+    result since is not terminated (its measurement and quality probe stand). Seen in the CPU
+    demo: a verdict at 50 % acted on after the result, which killed the trial in its probe."""
+    out = tmp_path / "stdout.log"
+    out.write_text(_event(event="progress", share=0.5, elapsed=10.0))
+
+    def finishes_while_judged() -> bool:  # the worker writes its result while the tuner decides
+        with out.open("a") as fh:
+            fh.write(_event(event="result", metrics={"output_tokens_per_s": 1.0}))
+        return True
+
+    watch = _PhaseWatch(out, 7, None, lambda share, elapsed: None, finishes_while_judged)
+    watch()  # no _Stop
+    assert watch.measured
+
+    behind = tmp_path / "behind.log"
+    behind.write_text(_event(event="progress", share=0.5, elapsed=10.0))
+    with pytest.raises(_Stop):
+        _PhaseWatch(behind, 7, None, lambda share, elapsed: None, lambda: True)()

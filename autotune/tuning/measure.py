@@ -136,8 +136,8 @@ class Progress:
 
     def report(self, share: float, elapsed_s: float) -> None:
         step = round(share * 100)
-        if step <= self._step or elapsed_s <= 0:
-            return
+        if self._stop or step <= self._step or elapsed_s <= 0:
+            return  # once stopped, the rest of a late batch of reports is moot
         self._step = step
         self.trial.report(self.work / elapsed_s, step)
         if self.stoppable and share < 1.0 and not self._stop and self.trial.should_prune():
