@@ -140,7 +140,7 @@ class Progress:
             return  # once stopped, the rest of a late batch of reports is moot
         self._step = step
         self.trial.report(self.work / elapsed_s, step)
-        if self.stoppable and share < 1.0 and not self._stop and self.trial.should_prune():
+        if self.stoppable and share < 1.0 and self.trial.should_prune():
             self._stop = True
 
     def should_stop(self) -> bool:
