@@ -21,7 +21,10 @@ CUDA_MISS = [
     _CORE + "[backends.py:393] Compiling a graph for compile range (1, 8192) takes 15.20 s",
     _CORE + "[default_loader.py:431] Loading weights took 2.50 seconds",
     _CORE + "[monitor.py:53] torch.compile took 18.50 s in total",
+    _CORE + "[gpu_worker.py:560] Available KV cache memory: 114.37 GiB",
     _CORE + "[gpu_model_runner.py:6845] Graph capturing finished in 9 secs, took 0.55 GiB",
+    _CORE + "[gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) on startup. Desired GPU "
+    "memory utilization is (0.92, 128.62 GiB). Actual usage is 12.55 GiB for weight",
     _CORE + "[core.py:341] init engine (profile, create kv cache, warmup model) took 44.10 s "
     "(compilation: 19.87 s)",
 ]
@@ -59,6 +62,10 @@ def test_parses_the_engine_start_parts():
         "compile_s": 19.87,  # the engine's total, not the last "torch.compile took" (18.50)
         "cudagraph_s": 9.0,
         "init_engine_s": 44.10,
+        # the memory plan (GiB): not the graphs' "took 0.55 GiB", not the free memory
+        "weights_gib": 12.55,
+        "kv_cache_gib": 114.37,
+        "gpu_gib": 139.8,
     }
     assert parse_startup(CUDA_HIT)["compile_cache"] == "hit"
     assert parse_startup(CUDA_MISS + CUDA_HIT)["compile_cache"] == "partial"

@@ -9,6 +9,7 @@ import optuna
 from autotune.space.load import load_space
 from autotune.trial.record import Outcome, Role, TrialRecord
 from autotune.tuning.informed import informed_configs
+from autotune.tuning.memory import MemoryPlan, step_up
 from tests.helpers import objective_for
 
 #: what a 7B baseline measured on the H200 (workload (a): 1000 requests of 256 + 256 tokens)
@@ -111,3 +112,66 @@ def test_a_serve_load_caps_the_batch_and_skips_what_the_defaults_already_do(engi
     assert dict(informed_configs(few, space, engine.args))["kv-fit"]["max_num_seqs"] == 128
     rate = TrialRecord(Outcome.SUCCESS, {**served, "concurrency": None}, engine=defaults.engine)
     assert dict(informed_configs(rate, space, engine.args))["kv-fit"]["max_num_seqs"] == 236  # no cap
+
+
+#: the H200 baseline's memory plan as vLLM 0.26 logged it (benchmarks/results/h200-2026-12-06-study)
+H200_PLAN = {"gpu_gib": 139.8, "weights_gib": 12.55, "kv_cache_gib": 114.37}
+H200_MEASURED = TrialRecord(
+    Outcome.SUCCESS,
+    {**H200_7B.metrics, "kv_cache_tokens": 234_208},
+    engine={"max_cudagraph_capture_size": 512, "gpu_memory_utilization": 0.92, "max_num_seqs": 1024},
+    startup=H200_PLAN,
+)
+
+
+def test_the_memory_plan_predicts_what_the_h200_study_measured() -> None:
+    plan = MemoryPlan.of(H200_MEASURED)
+    assert plan is not None and MemoryPlan.of(H200_7B) is None  # no plan logged: no prediction
+    # that study's fp8 KV trial held 468,304 tokens, fp8 weights + KV 492,432 (same utilisation)
+    assert abs(plan.kv_tokens_at(fp8_kv=True) - 468_304) / 468_304 < 0.002
+    predicted = plan.kv_tokens_at(fp8_kv=True, fp8_weights=True)
+    assert 0.99 * 492_432 < predicted <= 492_432  # errs towards fewer tokens
+    assert plan.kv_tokens_at(0.95) > plan.kv_tokens > plan.kv_tokens_at(0.85)
+    u = plan.utilization_for(500_000, fp8_kv=True, fp8_weights=True)
+    assert abs(plan.kv_tokens_at(u, fp8_kv=True, fp8_weights=True) - 500_000) < 10
+    assert step_up(0.9501, 0.01) == 0.96 and step_up(0.95, 0.01) == 0.95
+
+
+def test_one_wave_where_the_spaces_utilisation_holds_every_request(engine) -> None:
+    """On the H200, fp8 weights + KV held 961 of the 1,000 requests at the baseline's 0.92: the
+    config raises the utilisation (within the space) to hold all of them in one batch."""
+    space = load_space("throughput", engine, gpus=1)
+    configs = dict(informed_configs(H200_MEASURED, space, engine.args))
+    wave = configs["kv-fit-fp8-weights"]
+    assert wave["max_num_seqs"] == 1000 and wave["max_cudagraph_capture_size"] == 1024
+    plan = MemoryPlan.of(H200_MEASURED)
+    assert plan is not None and 0.92 < wave["gpu_memory_utilization"] <= 0.97
+    assert plan.kv_tokens_at(wave["gpu_memory_utilization"], fp8_kv=True, fp8_weights=True) >= 512_000
+    # bf16 weights would need more than the space's 0.97: the batch the KV cache holds instead
+    assert (
+        configs["kv-fit-fp8"]["max_num_seqs"] == 914 and "gpu_memory_utilization" not in configs["kv-fit-fp8"]
+    )
+    assert configs["kv-fit"] == {"max_num_seqs": 457, "async_scheduling": True}
+    # a workload far beyond any utilisation: fp8 weights' larger batch, by the plan
+    many = TrialRecord(
+        Outcome.SUCCESS,
+        {
+            **H200_MEASURED.metrics,
+            "num_requests": 4000,
+            "prompt_tokens": 1_024_000,
+            "output_tokens": 1_024_000,
+        },
+        engine=H200_MEASURED.engine,
+        startup=H200_PLAN,
+    )
+    big = dict(informed_configs(many, space, engine.args))["kv-fit-fp8-weights"]
+    assert big["max_num_seqs"] == plan.kv_tokens_at(fp8_kv=True, fp8_weights=True) // 512 > 914
+    assert "gpu_memory_utilization" not in big
+    # serve mode: the clients cap the batch, never a wave
+    served = TrialRecord(
+        Outcome.SUCCESS,
+        {**H200_MEASURED.metrics, "concurrency": 128},
+        engine=H200_MEASURED.engine,
+        startup=H200_PLAN,
+    )
+    assert all("gpu_memory_utilization" not in c for _, c in informed_configs(served, space, engine.args))

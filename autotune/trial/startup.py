@@ -37,6 +37,13 @@ _MISS = re.compile(r"Compiling a graph for compile range|saved AOT compiled func
 #: a cache entry of the same key that vLLM could not load (then it compiles again)
 _LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)")
 _CACHE_DIR = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
+#: the engine's memory plan in GiB as vLLM's GPU worker logs it (the CPU engine logs no such plan):
+#: the weights, the KV cache, and the device's whole memory (the last number of its pattern)
+_GIB: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("weights_gib", re.compile(rf"Model loading took {_NUMBER} GiB")),
+    ("kv_cache_gib", re.compile(rf"Available KV cache memory: {_NUMBER} GiB")),
+    ("gpu_gib", re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)")),
+)
 
 
 def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
@@ -49,8 +56,9 @@ def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
         cache, ``"miss"``: all compiled anew, ``"partial"``: some of each, ``"load_failed"``:
         the cache held this config's entry and vLLM failed to load it, so it compiled again,
         the reason in ``compile_cache_error``; absent where nothing was compiled, e.g.
-        ``enforce_eager``) and ``compile_cache_dir``. The first figure of each kind is kept (a
-        multi-process engine logs one per rank; they agree).
+        ``enforce_eager``), ``compile_cache_dir``, and on a GPU the memory plan in GiB:
+        ``weights_gib``, ``kv_cache_gib`` and ``gpu_gib`` (the device's whole memory). The
+        first figure of each kind is kept (a multi-process engine logs one per rank; they agree).
     """
     out: dict[str, Any] = {}
     rank: dict[str, int] = {}  # the index in _SECONDS of each key's figure so far
@@ -61,6 +69,10 @@ def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
             for i, (key, pattern) in enumerate(_SECONDS):
                 if i < rank.get(key, len(_SECONDS)) and (m := pattern.search(line)):
                     out[key], rank[key] = float(m.group(1)), i
+        if "GiB" in line:
+            for key, pattern in _GIB:
+                if key not in out and (m := pattern.search(line)):
+                    out[key] = float(m.group(m.lastindex or 1))
         if m := _HIT.search(line):
             hits += 1
             if m.group(1):

@@ -13,8 +13,9 @@ arguments the space searches or the installed vLLM has:
    batch (lossy: judged by the quality guard like any other);
 3. **kv-fit-fp8-weights**: kv-fit-fp8 with online fp8 weights (``quantization=fp8``) as well,
    where the space offers them: fp8 GEMMs, and the memory the weights free goes to the KV cache,
-   so the batch fits with room (lossy, judged by the quality guard). On the H100 7B study this
-   pair was the winner, x1.480 validated, found by TPE only at its 14th trial;
+   whose larger batch (predicted from the baseline's memory plan, :mod:`autotune.tuning.memory`)
+   it runs (lossy, judged by the quality guard). On the H100 7B study this pair was the winner,
+   x1.480 validated, found by TPE only at its 14th trial;
 4. **throughput-mode**: vLLM's own ``performance_mode=throughput`` (twice its default batch and
    batched tokens).
 
@@ -26,6 +27,13 @@ so a bigger batch would otherwise pay launch overhead on every step it gains. (T
 of 2026-12-06 ran kv-fit-fp8 at 914 requests with graphs up to 512: x1.195, where an H100's 468
 requests, covered, gave x1.298; how much of that gap the cover closes is for the next GPU run
 to measure.)
+
+**One wave.** Where a config's KV cache holds most of the workload but not all of it, the
+requests left over run as a second, small batch at the end: on the H200, fp8 weights and KV held
+961 of workload (a)'s 1,000 requests, and the last 39 decoded 256 steps nearly alone. Where the
+space's ``gpu_memory_utilization`` reaches the memory for every request (by the memory plan, with
+0.5 % to spare), the config takes the smallest such utilisation on the space's grid and
+``max_num_seqs`` = the requests: the whole workload in one batch.
 
 In serve mode at a fixed ``--concurrency`` no batch ever holds more requests than there are
 clients, so the batches above are capped there, and kv-fit is left out where the defaults' own
@@ -43,6 +51,10 @@ from typing import Any
 
 from autotune.space.spec import ParamSpec, SearchSpace
 from autotune.trial.record import TrialRecord
+from autotune.tuning.memory import MemoryPlan, step_up
+
+#: the KV-cache tokens a one-wave config keeps beyond the workload's need
+ONE_WAVE_SPARE = 0.005
 
 
 def _fit(p: ParamSpec, value: Any) -> Any | None:
@@ -104,13 +116,29 @@ def informed_configs(
         return min(seqs, cap) if cap else seqs
 
     default_seqs = baseline.engine.get("max_num_seqs")
+    plan = MemoryPlan.of(baseline)
+    memory = params.get("gpu_memory_utilization")
+
+    def one_wave(config: dict[str, Any], **precision: bool) -> dict[str, Any]:
+        """``config`` with the utilisation that holds every request at once, where the space's
+        reaches it and its batch falls short of the workload (offline only)."""
+        if plan is None or memory is None or cap is not None or memory.high is None:
+            return config
+        if not isinstance(config.get("max_num_seqs"), int) or config["max_num_seqs"] >= requests:
+            return config
+        need = plan.utilization_for(int(requests * per_request * (1 + ONE_WAVE_SPARE)), **precision)
+        utilization = step_up(max(need, plan.utilization), float(memory.step or 0.01))
+        if utilization > float(memory.high):
+            return config
+        wave = searched({**config, "max_num_seqs": requests, memory.name: utilization})
+        return covered(wave) if wave and wave.get("max_num_seqs") == requests else config
 
     out: list[tuple[str, dict[str, Any]]] = []
     if isinstance(kv_tokens, (int, float)) and kv_tokens > 0 and per_request > 0:
         batch = max(1, int(kv_tokens // per_request))
         fit = searched({"max_num_seqs": capped(batch), "async_scheduling": True})
         if fit and "max_num_seqs" in fit:
-            fit = covered(fit)
+            fit = one_wave(covered(fit))
             # at the cap with the defaults' batch reaching it and the rest as the defaults have
             # it, kv-fit would measure the defaults again
             again = (
@@ -124,10 +152,15 @@ def informed_configs(
                 out.append(("kv-fit", fit))
         fp8 = searched({"kv_cache_dtype": "fp8", "max_num_seqs": capped(2 * batch), "async_scheduling": True})
         if fp8 and "kv_cache_dtype" in fp8:
-            fp8 = covered(fp8)
-            out.append(("kv-fit-fp8", fp8))
-            weights = searched({"quantization": "fp8", **fp8})
+            out.append(("kv-fit-fp8", one_wave(covered(fp8), fp8_kv=True)))
+            # fp8 weights free memory for more of the KV cache: a larger batch, where the
+            # baseline's memory plan says how much larger
+            held = plan.kv_tokens_at(fp8_kv=True, fp8_weights=True) if plan else 2 * int(kv_tokens)
+            weights = searched(
+                {**fp8, "quantization": "fp8", "max_num_seqs": capped(max(1, int(held // per_request)))}
+            )
             if weights and weights.get("quantization") == "fp8":
+                weights = one_wave(covered(weights), fp8_kv=True, fp8_weights=True)
                 out.append(("kv-fit-fp8-weights", weights))
     if "performance_mode" in engine_args and "performance_mode" not in space.fixed:
         out.append(("throughput-mode", {"performance_mode": "throughput"}))
