@@ -210,6 +210,26 @@ def test_trial_cost_reads_a_pareto_serve_study_by_its_throughput(tmp_path) -> No
     )  # missed TTFT
 
 
+def test_a_study_resumed_a_day_later_is_drawn_on_its_busy_clock(tmp_path) -> None:
+    """The H100 7B study's trials 0-14 ran on 2026-12-05, 15-22 on 2026-12-06: the best-so-far
+    curve leaves the 21-hour break out (it was drawn across it), as the trials-per-hour span does."""
+    import itertools
+    import shutil
+
+    import optuna
+
+    from benchmarks.trial_cost import study_cost
+
+    db = tmp_path / "s7b.db"
+    shutil.copy(Path(__file__).parent / "results/h100-2026-12-06-resume/s7b.db", db)
+    cost = study_cost(optuna.load_study(study_name="s7b", storage=f"sqlite:///{db}"), 15)
+    xs = [p[0] for p in cost["best_so_far"]]
+    assert len(xs) == 23 and xs == sorted(xs)
+    assert max(b - a for a, b in itertools.pairwise(xs)) < 400  # the longest trial: 275 s (a cold start)
+    assert cost["rated_trials"] == 8 and cost["trials_per_hour"] == pytest.approx(28.5, abs=0.1)
+    assert cost["best_after"]["20"]["trial"] == 13 and cost["compile_cache"] == {"miss": 7}
+
+
 def test_a_shipped_tokenizer_sets_the_vocabulary_so_every_sampled_id_decodes(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from autotune.demo.tiny_model import build_tiny_llama

@@ -69,14 +69,15 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
     the rates, not of the best-so-far curve."""
     trials = [t for t in study.get_trials(deepcopy=False) if t.datetime_start and t.datetime_complete]
     launched = [t for t in trials if TrialRecord.of(t).launched and TrialRecord.of(t).wall_s]
-    t0 = min(t.datetime_start for t in trials) if trials else None
+    starts = _busy_starts(trials)  # a resumed study's breaks between runs left out of the clock
     curve, best = [], None
     for t in sorted(trials, key=lambda t: t.datetime_complete):
         value = primary_value(t)  # a multi-objective study's first objective: its throughput
         if value is not None and feasible(t) and TrialRecord.of(t).duplicate_of is None:
             best = value if best is None else max(best, value)
-        if t0 is not None and best is not None:
-            curve.append([(t.datetime_complete - t0).total_seconds(), best, t.number])
+        if best is not None:
+            ran = (t.datetime_complete - t.datetime_start).total_seconds()
+            curve.append([starts[t.number] + ran, best, t.number])
     rated = launched[skip_first:]
     span = _busy_span(rated)
     phases: dict[str, list[float]] = {}
@@ -123,19 +124,27 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
 BREAK_S = 120.0
 
 
-def _busy_span(trials: list[optuna.trial.FrozenTrial]) -> float:
-    """Seconds the tuner spent on ``trials``: from each one's start to the next one's (the
-    sampler's and the bookkeeping's time included), a break between runs counted as nothing."""
+def _busy_starts(trials: list[optuna.trial.FrozenTrial]) -> dict[int, float]:
+    """Each trial's start in seconds of the tuner's busy time: from one trial's start to the
+    next one's (the sampler's and the bookkeeping's time included), a break between runs counted
+    as nothing."""
     ordered = sorted(trials, key=lambda t: t.datetime_start)
-    span = 0.0
+    starts, clock = {}, 0.0
     for t, following in zip(ordered, [*ordered[1:], None], strict=True):
-        wall = float(TrialRecord.of(t).wall_s or 0.0)
-        if following is None:
-            span += wall
-            continue
-        gap = (following.datetime_start - t.datetime_start).total_seconds()
-        span += gap if gap <= wall + BREAK_S else wall
-    return span
+        starts[t.number] = clock
+        if following is not None:
+            wall = float(TrialRecord.of(t).wall_s or 0.0)
+            gap = (following.datetime_start - t.datetime_start).total_seconds()
+            clock += gap if gap <= wall + BREAK_S else wall
+    return starts
+
+
+def _busy_span(trials: list[optuna.trial.FrozenTrial]) -> float:
+    """Seconds the tuner spent on ``trials`` (see :func:`_busy_starts`)."""
+    if not trials:
+        return 0.0
+    last = max(trials, key=lambda t: t.datetime_start)
+    return _busy_starts(trials)[last.number] + float(TrialRecord.of(last).wall_s or 0.0)
 
 
 def same_configs(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
@@ -244,7 +253,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
             ax.step(
                 xs, ys, where="post", marker="o", label=f"{name} ({s['trials_per_hour'] or 0:.0f} trials/h)"
             )
-    ax.set_xlabel("minutes since the study's first trial started")
+    ax.set_xlabel("minutes of the study's runs (breaks between runs left out)")
     ax.set_ylabel("best output tok/s so far")
     ax.grid(alpha=0.3)
     ax.legend()
