@@ -230,6 +230,43 @@ def test_a_study_resumed_a_day_later_is_drawn_on_its_busy_clock(tmp_path) -> Non
     assert cost["best_after"]["20"]["trial"] == 13 and cost["compile_cache"] == {"miss": 7}
 
 
+def test_a_trial_cut_off_by_a_break_is_drawn_at_the_breaks_start() -> None:
+    """A run killed mid-trial: the trial is marked failed when the study resumes a day later, so
+    its end lies inside the break; the curve must not jump over the break and back."""
+    from datetime import datetime, timedelta
+
+    import optuna
+
+    from autotune.trial.record import TrialRecord
+    from benchmarks.trial_cost import _busy_span, study_cost
+
+    t0 = datetime(2026, 12, 6, 12, 0, 0)
+    study = optuna.create_study(direction="maximize")
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+
+    def add(start_s: float, end_s: float, wall: float, value: float | None) -> None:
+        state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.FAIL
+        trial = optuna.trial.create_trial(
+            state=state,
+            value=value,
+            params={"x": 0.5},
+            distributions=dist,
+            user_attrs=TrialRecord(wall_s=wall).attrs(),
+        )
+        trial.datetime_start = t0 + timedelta(seconds=start_s)
+        trial.datetime_complete = t0 + timedelta(seconds=end_s)
+        study.add_trial(trial)  # the template's times are kept
+
+    add(0, 100, 100, 1.0)
+    add(100, 200, 100, 2.0)
+    add(200, 86_400, 50, None)  # killed 50 s in; failed at the resume, a day later
+    add(86_400, 86_490, 90, 3.0)
+    trials = study.get_trials(deepcopy=False)
+    xs = [p[0] for p in study_cost(study)["best_so_far"]]
+    assert xs == sorted(xs) and xs[-1] == pytest.approx(340.0)  # 100 + 100 + 50 + 90
+    assert _busy_span(trials) == pytest.approx(340.0)
+
+
 def test_a_shipped_tokenizer_sets_the_vocabulary_so_every_sampled_id_decodes(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from autotune.demo.tiny_model import build_tiny_llama

@@ -10,7 +10,10 @@ sampler then proposes the same configs in the same order, so they compare trial 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -69,15 +72,14 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
     the rates, not of the best-so-far curve."""
     trials = [t for t in study.get_trials(deepcopy=False) if t.datetime_start and t.datetime_complete]
     launched = [t for t in trials if TrialRecord.of(t).launched and TrialRecord.of(t).wall_s]
-    starts = _busy_starts(trials)  # a resumed study's breaks between runs left out of the clock
+    clock = _busy_clock(trials)  # a resumed study's breaks between runs left out
     curve, best = [], None
     for t in sorted(trials, key=lambda t: t.datetime_complete):
         value = primary_value(t)  # a multi-objective study's first objective: its throughput
         if value is not None and feasible(t) and TrialRecord.of(t).duplicate_of is None:
             best = value if best is None else max(best, value)
         if best is not None:
-            ran = (t.datetime_complete - t.datetime_start).total_seconds()
-            curve.append([starts[t.number] + ran, best, t.number])
+            curve.append([clock(t.datetime_complete), best, t.number])
     rated = launched[skip_first:]
     span = _busy_span(rated)
     phases: dict[str, list[float]] = {}
@@ -124,27 +126,49 @@ def study_cost(study: optuna.Study, skip_first: int = 0) -> dict[str, Any]:
 BREAK_S = 120.0
 
 
-def _busy_starts(trials: list[optuna.trial.FrozenTrial]) -> dict[int, float]:
-    """Each trial's start in seconds of the tuner's busy time: from one trial's start to the
-    next one's (the sampler's and the bookkeeping's time included), a break between runs counted
-    as nothing."""
-    ordered = sorted(trials, key=lambda t: t.datetime_start)
-    starts, clock = {}, 0.0
-    for t, following in zip(ordered, [*ordered[1:], None], strict=True):
-        starts[t.number] = clock
-        if following is not None:
-            wall = float(TrialRecord.of(t).wall_s or 0.0)
-            gap = (following.datetime_start - t.datetime_start).total_seconds()
-            clock += gap if gap <= wall + BREAK_S else wall
-    return starts
+def _in_order(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
+    return sorted(trials, key=lambda t: (t.datetime_start, t.number))
+
+
+def _breaks(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[datetime, datetime]]:
+    """The breaks between runs: from a trial's end (its start + wall) to the next one's start,
+    where that gap is longer than the tuner's own overhead (:data:`BREAK_S`)."""
+    ordered = _in_order(trials)
+    out = []
+    for t, following in itertools.pairwise(ordered):
+        assert t.datetime_start is not None and following.datetime_start is not None
+        wall = float(TrialRecord.of(t).wall_s or 0.0)
+        if (following.datetime_start - t.datetime_start).total_seconds() > wall + BREAK_S:
+            out.append((t.datetime_start + timedelta(seconds=wall), following.datetime_start))
+    return out
+
+
+def _busy_clock(trials: list[optuna.trial.FrozenTrial]) -> Callable[[datetime], float]:
+    """Seconds of the tuner's busy time at a moment: since the first trial's start, the breaks
+    between runs before it left out (a moment inside a break reads as the break's start)."""
+    if not trials:
+        return lambda _: 0.0
+    t0 = min(t.datetime_start for t in trials if t.datetime_start is not None)
+    breaks = _breaks(trials)
+
+    def at(moment: datetime) -> float:
+        seconds = (moment - t0).total_seconds()
+        for begin, end in breaks:
+            if moment > begin:
+                seconds -= (min(moment, end) - begin).total_seconds()
+        return seconds
+
+    return at
 
 
 def _busy_span(trials: list[optuna.trial.FrozenTrial]) -> float:
-    """Seconds the tuner spent on ``trials`` (see :func:`_busy_starts`)."""
+    """Seconds the tuner spent on ``trials``: from each one's start to the next one's (the
+    sampler's and the bookkeeping's time included), a break between runs counted as nothing."""
     if not trials:
         return 0.0
-    last = max(trials, key=lambda t: t.datetime_start)
-    return _busy_starts(trials)[last.number] + float(TrialRecord.of(last).wall_s or 0.0)
+    last = _in_order(trials)[-1]
+    assert last.datetime_start is not None
+    return _busy_clock(trials)(last.datetime_start) + float(TrialRecord.of(last).wall_s or 0.0)
 
 
 def same_configs(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import optuna
 
 from autotune.space.load import load_space
+from autotune.space.spec import ParamSpec
 from autotune.trial.record import Outcome, Role, TrialRecord
 from autotune.tuning.informed import informed_configs
 from autotune.tuning.memory import MemoryPlan, step_up
@@ -175,3 +177,47 @@ def test_one_wave_where_the_spaces_utilisation_holds_every_request(engine) -> No
         startup=H200_PLAN,
     )
     assert all("gpu_memory_utilization" not in c for _, c in informed_configs(served, space, engine.args))
+
+
+def test_one_wave_stays_on_the_spaces_grid_inside_its_rules(engine) -> None:
+    """Never a utilisation off the space's grid (which starts at its low end) or below it, never a
+    wave for a served workload (its requests arrive over time) or one the space's rules forbid."""
+    space = load_space("throughput", engine, gpus=1)
+    at_rate = TrialRecord(
+        Outcome.SUCCESS,
+        {**H200_MEASURED.metrics, "concurrency": None, "request_rate": 10.0},
+        engine=H200_MEASURED.engine,
+        startup=H200_PLAN,
+    )
+    assert all("gpu_memory_utilization" not in c for _, c in informed_configs(at_rate, space, engine.args))
+    params = [
+        ParamSpec("gpu_memory_utilization", "float", low=0.805, high=0.975, step=0.01)
+        if p.name == "gpu_memory_utilization"
+        else p
+        for p in space.parameters
+    ]
+    shifted = dataclasses.replace(space, parameters=tuple(params))
+    wave = dict(informed_configs(H200_MEASURED, shifted, engine.args))["kv-fit-fp8-weights"]
+    assert wave["gpu_memory_utilization"] == 0.965  # 0.805 + 16 steps (0.97 is off this grid)
+    high = dataclasses.replace(
+        space,
+        parameters=tuple(
+            ParamSpec("gpu_memory_utilization", "float", low=0.95, high=0.99, step=0.01)
+            if p.name == "gpu_memory_utilization"
+            else p
+            for p in space.parameters
+        ),
+    )
+    few = TrialRecord(
+        Outcome.SUCCESS,
+        {**H200_MEASURED.metrics, "num_requests": 915, "prompt_tokens": 234_240, "output_tokens": 234_240},
+        engine=H200_MEASURED.engine,
+        startup=H200_PLAN,
+    )
+    # the baseline ran at 0.92, below this space: its wave takes the space's low end at least
+    assert dict(informed_configs(few, high, engine.args))["kv-fit-fp8"]["gpu_memory_utilization"] >= 0.95
+    tight = dataclasses.replace(space, fixed={"max_num_batched_tokens": 512})  # < 1,000 requests
+    assert (
+        "gpu_memory_utilization"
+        not in dict(informed_configs(H200_MEASURED, tight, engine.args))["kv-fit-fp8-weights"]
+    )

@@ -129,12 +129,11 @@ def _launch(
     env: dict[str, str],
     server: ForkServer | None,
     warm: WarmWorkers | None,
-    serve: bool = False,
+    module: str,
 ) -> TrialProcess:
-    """Start the trial's worker process: forked by a warm worker, or from scratch (without one,
+    """Start the trial's worker ``module``: forked by a warm worker, or from scratch (without one,
     or when it fails: a trial never fails for the warm worker's sake). A serve trial's worker
     forks vLLM's server from itself, so a warm one spares the server its imports too."""
-    module = WORKER_MODULES[1] if serve else WORKER_MODULES[0]
     if server is not None and warm is not None:
         try:
             return server.launch(spec_path, out_path, err_path, module)
@@ -185,7 +184,8 @@ def run_trial(
     timed_out = stopped = False
     server = warm.acquire(env) if warm is not None else None
     try:
-        proc = _launch(spec_path, out_path, err_path, env, server, warm, serve=spec.serve is not None)
+        module = WORKER_MODULES[1] if spec.serve is not None else WORKER_MODULES[0]
+        proc = _launch(spec_path, out_path, err_path, env, server, warm, module)
         sampler = GpuSampler(spec.device_ids).start()
         watched = on_phase is not None or on_progress is not None or should_stop is not None
         tick = _PhaseWatch(out_path, proc.pid, on_phase, on_progress, should_stop) if watched else None

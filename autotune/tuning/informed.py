@@ -32,7 +32,7 @@ to measure.)
 requests left over run as a second, small batch at the end: on the H200, fp8 weights and KV held
 961 of workload (a)'s 1,000 requests, and the last 39 decoded 256 steps nearly alone. Where the
 space's ``gpu_memory_utilization`` reaches the memory for every request (by the memory plan, with
-0.5 % to spare), the config takes the smallest such utilisation on the space's grid and
+1 % to spare), the config takes the smallest such utilisation on the space's grid and
 ``max_num_seqs`` = the requests: the whole workload in one batch.
 
 In serve mode at a fixed ``--concurrency`` no batch ever holds more requests than there are
@@ -49,12 +49,15 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import Any
 
+from autotune.space.constraints import violations
 from autotune.space.spec import ParamSpec, SearchSpace
 from autotune.trial.record import TrialRecord
 from autotune.tuning.memory import MemoryPlan, step_up
 
-#: the KV-cache tokens a one-wave config keeps beyond the workload's need
-ONE_WAVE_SPARE = 0.005
+#: the KV-cache tokens a one-wave config keeps beyond the workload's need: the plan's error at
+#: the baseline's batch shape (0.2 % on the H200) and the memory of the larger CUDA graphs the
+#: config captures (0.3-0.5 GiB), which the plan does not model
+ONE_WAVE_SPARE = 0.01
 
 
 def _fit(p: ParamSpec, value: Any) -> Any | None:
@@ -119,19 +122,28 @@ def informed_configs(
     plan = MemoryPlan.of(baseline)
     memory = params.get("gpu_memory_utilization")
 
+    # a served workload's requests arrive over time (the serve worker records its load)
+    served = "concurrency" in metrics or "request_rate" in metrics
+
     def one_wave(config: dict[str, Any], **precision: bool) -> dict[str, Any]:
         """``config`` with the utilisation that holds every request at once, where the space's
         reaches it and its batch falls short of the workload (offline only)."""
-        if plan is None or memory is None or cap is not None or memory.high is None:
+        if plan is None or memory is None or served or memory.low is None or memory.high is None:
             return config
         if not isinstance(config.get("max_num_seqs"), int) or config["max_num_seqs"] >= requests:
             return config
         need = plan.utilization_for(int(requests * per_request * (1 + ONE_WAVE_SPARE)), **precision)
-        utilization = step_up(max(need, plan.utilization), float(memory.step or 0.01))
-        if utilization > float(memory.high):
+        low, high = float(memory.low), float(memory.high)
+        # on the space's grid, which starts at its low end
+        utilization = low + step_up(max(need, plan.utilization, low) - low, float(memory.step or 0.01))
+        utilization = round(utilization, 10)
+        if utilization > high:
             return config
         wave = searched({**config, "max_num_seqs": requests, memory.name: utilization})
-        return covered(wave) if wave and wave.get("max_num_seqs") == requests else config
+        if not wave or wave.get("max_num_seqs") != requests:
+            return config
+        wave = covered(wave)
+        return config if violations({**space.fixed, **wave}, space.constraints) else wave
 
     out: list[tuple[str, dict[str, Any]]] = []
     if isinstance(kv_tokens, (int, float)) and kv_tokens > 0 and per_request > 0:

@@ -94,7 +94,11 @@ def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[in
     fig = _figure(12, 4.4)
     ax = fig.add_subplot()
     done = [r for r in rows if r.value is not None]
-    met = [r for r in done if r.role != "baseline" and not r.slo_misses]
+    met: list[TrialRow] = []
+    missed: list[TrialRow] = []
+    for r in done:
+        if r.role != "baseline":
+            (missed if r.slo_misses else met).append(r)
     ax.scatter(
         [r.number for r in met],
         [float(r.value or 0.0) for r in met],
@@ -103,7 +107,6 @@ def history_figure(rows: Sequence[TrialRow], objective: str, infeasible: dict[in
         label="trial",
         zorder=3,
     )
-    missed = [r for r in done if r.role != "baseline" and r.slo_misses]
     if missed:  # measured, but never the best
         ax.scatter(
             [r.number for r in missed],
