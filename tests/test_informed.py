@@ -10,8 +10,8 @@ import optuna
 from autotune.space.load import load_space
 from autotune.space.spec import ParamSpec
 from autotune.trial.record import Outcome, Role, TrialRecord
-from autotune.tuning.informed import informed_configs
-from autotune.tuning.memory import MemoryPlan, step_up
+from autotune.tuning.informed import _grid_at_least, informed_configs
+from autotune.tuning.memory import MemoryPlan
 from tests.helpers import objective_for
 
 #: what a 7B baseline measured on the H200 (workload (a): 1000 requests of 256 + 256 tokens)
@@ -136,7 +136,8 @@ def test_the_memory_plan_predicts_what_the_h200_study_measured() -> None:
     assert plan.kv_tokens_at(0.95) > plan.kv_tokens > plan.kv_tokens_at(0.85)
     u = plan.utilization_for(500_000, fp8_kv=True, fp8_weights=True)
     assert abs(plan.kv_tokens_at(u, fp8_kv=True, fp8_weights=True) - 500_000) < 10
-    assert step_up(0.9501, 0.01) == 0.96 and step_up(0.95, 0.01) == 0.95
+    grid = ParamSpec("gpu_memory_utilization", "float", low=0.8, high=0.97, step=0.01)
+    assert _grid_at_least(grid, 0.9501) == 0.96 and _grid_at_least(grid, 0.95) == 0.95
 
 
 def test_one_wave_where_the_spaces_utilisation_holds_every_request(engine) -> None:

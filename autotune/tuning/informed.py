@@ -46,13 +46,14 @@ start from.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Container
 from typing import Any
 
 from autotune.space.constraints import violations
 from autotune.space.spec import ParamSpec, SearchSpace
 from autotune.trial.record import TrialRecord
-from autotune.tuning.memory import MemoryPlan, step_up
+from autotune.tuning.memory import MemoryPlan
 
 #: the KV-cache tokens a one-wave config keeps beyond the workload's need: the plan's error at
 #: the baseline's batch shape (0.2 % on the H200) and the memory of the larger CUDA graphs the
@@ -73,6 +74,16 @@ def _covering(p: ParamSpec, batch: int) -> Any | None:
         sizes = sorted(c for c in p.choices if isinstance(c, int) and not isinstance(c, bool))
         return next((c for c in sizes if c >= batch), sizes[-1] if sizes else None)
     return _fit(p, batch) if p.type == "int" else None
+
+
+def _grid_at_least(p: ParamSpec, value: float) -> float | None:
+    """The smallest value of float parameter ``p`` at or above ``value`` on its grid, which starts
+    at its low end (0.01 apart without a step), and never below that end; None above its range."""
+    assert p.low is not None and p.high is not None
+    low, step = float(p.low), float(p.step or 0.01)
+    # floating-point dust ignored: 0.95 / 0.01 is 95, not 95.00000000000001
+    at = round(low + math.ceil(round((max(value, low) - low) / step, 6)) * step, 10)
+    return at if at <= float(p.high) else None
 
 
 def informed_configs(
@@ -133,11 +144,8 @@ def informed_configs(
         if not isinstance(config.get("max_num_seqs"), int) or config["max_num_seqs"] >= requests:
             return config
         need = plan.utilization_for(int(requests * per_request * (1 + ONE_WAVE_SPARE)), **precision)
-        low, high = float(memory.low), float(memory.high)
-        # on the space's grid, which starts at its low end
-        utilization = low + step_up(max(need, plan.utilization, low) - low, float(memory.step or 0.01))
-        utilization = round(utilization, 10)
-        if utilization > high:
+        utilization = _grid_at_least(memory, max(need, plan.utilization))
+        if utilization is None:
             return config
         wave = searched({**config, "max_num_seqs": requests, memory.name: utilization})
         if not wave or wave.get("max_num_seqs") != requests:

@@ -20,7 +20,6 @@ sizes: -1.4 % to +1.9 %; activations take ~90 KiB per batched token on the 7B).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from autotune.trial.record import TrialRecord
@@ -81,8 +80,3 @@ class MemoryPlan:
         """The ``gpu_memory_utilization`` at which the KV cache holds ``tokens`` (unrounded)."""
         gib = tokens * self._gib_per_token(fp8_kv) - self.kv_cache_gib - self._freed_gib(fp8_weights)
         return self.utilization + gib / self.gpu_gib
-
-
-def step_up(value: float, step: float) -> float:
-    """``value`` rounded up to a multiple of ``step`` (floating-point dust ignored)."""
-    return round(math.ceil(round(value / step, 6)) * step, 10)
