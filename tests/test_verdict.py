@@ -133,3 +133,33 @@ def test_a_gap_split_between_the_defaults_and_the_config_is_still_said() -> None
     )
     (gap,) = search_gaps(v.to_dict())
     assert gap.startswith("#4: x1.200 in its search run") and "compile cache" not in gap  # rounds' unknown
+
+
+def _measured(slots):
+    from autotune.study.validation import Measurement
+
+    return [
+        Measurement(number=n, validates=v, round=r, value=1.0, finished=True)
+        for n, (r, v) in enumerate(slots)
+    ]
+
+
+def test_a_config_that_joins_the_top_later_gets_new_rounds_beside_a_new_baseline():
+    from autotune.study.validation import plan_rounds
+
+    # 3 rounds of the baseline (#0) and #13, measured yesterday; today's search found #26
+    old = _measured([(r, v) for r in range(3) for v in (0, 13)])
+    slots = plan_rounds(old, [0, 13, 26], rounds=3, seed=0)
+    assert sorted(slots) == [(r, v) for r in (3, 4, 5) for v in (0, 26)]  # never into rounds 0-2
+    # one more round asked for: every config in it, each round measured together
+    both = plan_rounds(_measured([*((r, v) for r in range(3) for v in (0, 13)), *slots]), [0, 13, 26], 4, 0)
+    assert sorted(both) == [(6, 0), (6, 13), (6, 26)]
+    assert plan_rounds(old, [0, 13], 3, 0) == []  # nothing left to measure
+
+
+def test_a_verdict_counts_the_winners_own_rounds_and_states_a_stable_baseline():
+    base = [7279.3, 7279.8, 7280.9, 7286.2, 7281.0]
+    late, early = [None, None, 10_400.0, 10_410.0, 10_390.0], [10_690.0, 10_780.0, None, None, None]
+    v = judge(base, {26: late, 13: early})
+    assert v.winner == 13 and "over 2 rounds" in v.verdict  # its own rounds, not the baseline's 5
+    assert "varied 0.04% between rounds" in v.verdict

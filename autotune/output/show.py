@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.analysis.quality import quality_text
 from autotune.analysis.records import trial_rows
-from autotune.analysis.verdict import search_gaps
+from autotune.analysis.verdict import noise_pct, search_gaps
 from autotune.output.listing import summarize_study
 from autotune.output.text import fmt, indent, table
 from autotune.study.objectives import describe as describe_objectives
@@ -117,7 +117,7 @@ def _validation_lines(v: dict[str, Any] | None) -> list[str]:
             "measures the best again in rounds beside vLLM's defaults."
         ]
     cv = v.get("noise_cv")
-    noise = f", vLLM's defaults varied {cv:.1%} between rounds" if cv is not None else ""
+    noise = f", vLLM's defaults varied {noise_pct(cv)} between rounds" if cv is not None else ""
     lines = [f"Validation: {v['rounds']} round(s){noise}", f"  verdict: {v['verdict']}"]
     rows = []
     for c in v["candidates"]:

@@ -113,21 +113,26 @@ def measurements(val: optuna.Study) -> list[Measurement]:
 def plan_rounds(
     existing: Sequence[Measurement], members: Sequence[int], rounds: int, seed: int
 ) -> list[tuple[int, int]]:
-    """The ``(round, validates)`` slots to queue so that ``rounds`` rounds hold every one of
-    ``members`` (the baseline's search trial and the candidates'): rounds begun earlier are
-    completed first; new rounds come after them, each in its own seeded shuffled order, so
-    drift hits every config alike."""
-    have = {(m.round, m.validates) for m in existing}
-    begun = sorted({m.round for m in existing})
-    used = [r for r in begun if any((r, v) in have for v in members)]
-    missing = [(r, v) for r in used for v in members if (r, v) not in have]
-    start = max(begun, default=-1) + 1
-    new_rounds = range(start, start + max(0, rounds - len(used)))
-    for r in new_rounds:
-        order = list(members)
+    """The ``(round, validates)`` slots to queue so that each of ``members`` (the baseline's
+    search trial first, then the candidates') is measured in ``rounds`` rounds beside the baseline.
+
+    A round is measured together: its slots are queued at once, and a killed validation runs the
+    ones still queued. A config that joins the top later (a resumed search found it, ``--top``
+    grew) never joins a round planned without it, which another machine or day may have measured:
+    its speedup in a round would then set it beside a baseline it was never measured with. It is
+    measured in new rounds, each with the baseline again. The new rounds come after every earlier
+    one, each in its own seeded shuffled order, so drift hits every config in it alike.
+    """
+    baseline, *candidates = members
+    deficit = {v: rounds - sum(1 for m in existing if m.validates == v) for v in candidates}
+    start = max((m.round for m in existing), default=-1) + 1
+    slots: list[tuple[int, int]] = []
+    for i in range(max(deficit.values(), default=0)):
+        r = start + i
+        order = [baseline] + [v for v in candidates if deficit[v] > i]
         random.Random(seed * 1_000_003 + r).shuffle(order)
-        missing += [(r, v) for v in order]
-    return missing
+        slots += [(r, v) for v in order]
+    return slots
 
 
 def queue_rounds(val: optuna.Study, slots: Sequence[tuple[int, int]], roles: dict[int, Role]) -> None:

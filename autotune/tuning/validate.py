@@ -96,15 +96,17 @@ def validate(
     members = [base.number] + [t.number for t in candidates]
     slots = plan_rounds(measurements(val), members, rounds, seed)
     queue_rounds(val, slots, {base.number: Role.BASELINE})
-    waiting = len(val.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+    queued = val.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    waiting = len(queued)
     if waiting:
         _logger.info(
-            "validating the %d best config(s) of the search (trials %s) against vLLM's defaults: "
-            "%d measurement(s) to run, %d round(s) in all",
+            "validating the %d best config(s) of the search (trials %s) against vLLM's defaults, "
+            "each in %d round(s): %d measurement(s) to run in %d round(s)",
             len(candidates),
             ", ".join(f"#{t.number}" for t in candidates) or "none",
-            waiting,
             rounds,
+            waiting,
+            len({TrialRecord.of(t).validation_round for t in queued}),
         )
         val.optimize(
             objective,

@@ -12,7 +12,7 @@ import optuna
 
 from autotune._logging import get_logger
 from autotune.analysis.records import TrialRow, trial_rows
-from autotune.analysis.verdict import search_gaps
+from autotune.analysis.verdict import noise_pct, search_gaps
 from autotune.atomic import write_text_atomic
 from autotune.errors import ReportError
 from autotune.output.report.figures import (
@@ -133,7 +133,7 @@ def _validation_section(v: dict[str, Any] | None, objective: str) -> str:
             f'<td class="num">{searched}</td></tr>'
         )
     cv = v.get("noise_cv")
-    noise = f" vLLM's defaults varied {cv:.1%} between rounds." if cv is not None else ""
+    noise = f" vLLM's defaults varied {noise_pct(cv)} between rounds." if cv is not None else ""
     table = (
         "<table><thead><tr><th>config of</th><th>speedup (median)</th><th>95 % CI</th>"
         "<th>each round (× defaults)</th><th>search run</th></tr></thead>"
