@@ -24,7 +24,10 @@ CUDA_MISS = [
     _CORE + "[gpu_worker.py:560] Available KV cache memory: 114.37 GiB",
     _CORE + "[gpu_model_runner.py:6845] Graph capturing finished in 9 secs, took 0.55 GiB",
     _CORE + "[gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) on startup. Desired GPU "
-    "memory utilization is (0.92, 128.62 GiB). Actual usage is 12.55 GiB for weight",
+    "memory utilization is (0.92, 128.62 GiB). Actual usage is 12.55 GiB for weight, 1.47 GiB for peak "
+    "activation, 0.22 GiB for non-torch memory, and 0.73 GiB for CUDAGraph memory. Replace "
+    "gpu_memory_utilization config with `--kv-cache-memory=121861177959` (113.49 GiB) to fit into "
+    "requested memory, or `--kv-cache-memory=133317565440` (124.16 GiB) to fully utilize gpu memory.",
     _CORE + "[core.py:341] init engine (profile, create kv cache, warmup model) took 44.10 s "
     "(compilation: 19.87 s)",
 ]
@@ -66,6 +69,7 @@ def test_parses_the_engine_start_parts():
         "weights_gib": 12.55,
         "kv_cache_gib": 114.37,
         "gpu_gib": 139.8,
+        "cudagraph_gib": 0.73,  # held beyond the utilisation's share
     }
     assert parse_startup(CUDA_HIT)["compile_cache"] == "hit"
     assert parse_startup(CUDA_MISS + CUDA_HIT)["compile_cache"] == "partial"

@@ -117,7 +117,7 @@ def test_a_serve_load_caps_the_batch_and_skips_what_the_defaults_already_do(engi
 
 
 #: the H200 baseline's memory plan as vLLM 0.26 logged it (benchmarks/results/h200-2026-12-06-study)
-H200_PLAN = {"gpu_gib": 139.8, "weights_gib": 12.55, "kv_cache_gib": 114.37}
+H200_PLAN = {"gpu_gib": 139.8, "weights_gib": 12.55, "kv_cache_gib": 114.37, "cudagraph_gib": 0.73}
 H200_MEASURED = TrialRecord(
     Outcome.SUCCESS,
     {**H200_7B.metrics, "kv_cache_tokens": 234_208},
@@ -222,3 +222,37 @@ def test_one_wave_stays_on_the_spaces_grid_inside_its_rules(engine) -> None:
         "gpu_memory_utilization"
         not in dict(informed_configs(H200_MEASURED, tight, engine.args))["kv-fit-fp8-weights"]
     )
+
+
+def test_one_wave_leaves_room_for_its_cuda_graphs(engine) -> None:
+    """vLLM 0.26 captures the CUDA graphs beyond gpu_memory_utilization's share: on an H100 80GB,
+    fp8 weights + KV at 0.97 with graphs to 1,024 ran out of memory at the first forward pass
+    (benchmarks/results/h100-2026-12-06-resume, #23), at 0.96 it ran (#29)."""
+    space = load_space("throughput", engine, gpus=1)
+    h100 = {"gpu_gib": 79.18, "weights_gib": 12.55, "kv_cache_gib": 58.6, "cudagraph_gib": 0.73}
+
+    def wave(requests: int) -> dict:
+        baseline = TrialRecord(
+            Outcome.SUCCESS,
+            {
+                **H200_MEASURED.metrics,
+                "kv_cache_tokens": 120_016,
+                "num_requests": requests,
+                "prompt_tokens": 256 * requests,
+                "output_tokens": 256 * requests,
+            },
+            engine=H200_MEASURED.engine,
+            startup=h100,
+        )
+        plan = MemoryPlan.of(baseline)
+        assert plan is not None and 0.96 < plan.max_utilization(1024) < 0.97 < plan.max_utilization()
+        assert plan.utilization_for(int(requests * 512 * 1.01), fp8_kv=True, fp8_weights=True) < 0.97
+        return dict(informed_configs(baseline, space, engine.args))["kv-fit-fp8-weights"]
+
+    fits = wave(520)
+    assert fits["max_num_seqs"] == 520 and fits["gpu_memory_utilization"] == 0.94
+    held = wave(540)  # 0.97 would hold them, but not its graphs to 1,024 beside them
+    assert "gpu_memory_utilization" not in held and held["max_num_seqs"] < 540
+    # the H200's 139.8 GiB leave room for them at 0.97 (test_one_wave_where_...)
+    plan = MemoryPlan.of(H200_MEASURED)
+    assert plan is not None and plan.max_utilization(1024) > 0.97

@@ -43,6 +43,8 @@ _GIB: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("weights_gib", re.compile(rf"Model loading took {_NUMBER} GiB")),
     ("kv_cache_gib", re.compile(rf"Available KV cache memory: {_NUMBER} GiB")),
     ("gpu_gib", re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)")),
+    # the CUDA graphs' memory, which vLLM 0.26 holds beyond gpu_memory_utilization's share
+    ("cudagraph_gib", re.compile(rf"and {_NUMBER} GiB for CUDAGraph memory")),
 )
 
 
@@ -57,7 +59,8 @@ def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
         the cache held this config's entry and vLLM failed to load it, so it compiled again,
         the reason in ``compile_cache_error``; absent where nothing was compiled, e.g.
         ``enforce_eager``), ``compile_cache_dir``, and on a GPU the memory plan in GiB:
-        ``weights_gib``, ``kv_cache_gib`` and ``gpu_gib`` (the device's whole memory). The
+        ``weights_gib``, ``kv_cache_gib``, ``gpu_gib`` (the device's whole memory) and
+        ``cudagraph_gib`` (the CUDA graphs', held beyond the utilisation's share). The
         first figure of each kind is kept (a multi-process engine logs one per rank; they agree).
     """
     out: dict[str, Any] = {}

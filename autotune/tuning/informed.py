@@ -33,7 +33,8 @@ requests left over run as a second, small batch at the end: on the H200, fp8 wei
 961 of workload (a)'s 1,000 requests, and the last 39 decoded 256 steps nearly alone. Where the
 space's ``gpu_memory_utilization`` reaches the memory for every request (by the memory plan, with
 1 % to spare), the config takes the smallest such utilisation on the space's grid and
-``max_num_seqs`` = the requests: the whole workload in one batch.
+``max_num_seqs`` = the requests: the whole workload in one batch; not where that utilisation
+leaves too little memory for its CUDA graphs (:meth:`MemoryPlan.max_utilization`).
 
 In serve mode at a fixed ``--concurrency`` no batch ever holds more requests than there are
 clients, so the batches above are capped there, and kv-fit is left out where the defaults' own
@@ -56,8 +57,8 @@ from autotune.trial.record import TrialRecord
 from autotune.tuning.memory import MemoryPlan
 
 #: the KV-cache tokens a one-wave config keeps beyond the workload's need: the plan's error at
-#: the baseline's batch shape (0.2 % on the H200) and the memory of the larger CUDA graphs the
-#: config captures (0.3-0.5 GiB), which the plan does not model
+#: the baseline's batch shape (0.2 % on the H200) and the activations of another batch shape,
+#: which the plan does not model
 ONE_WAVE_SPARE = 0.01
 
 
@@ -151,6 +152,9 @@ def informed_configs(
         if not wave or wave.get("max_num_seqs") != requests:
             return config
         wave = covered(wave)
+        graphs = wave.get(capture.name) if capture is not None else None
+        if utilization > plan.max_utilization(graphs if isinstance(graphs, int) else None):
+            return config  # the CUDA graphs beyond it would not fit
         return config if violations({**space.fixed, **wave}, space.constraints) else wave
 
     out: list[tuple[str, dict[str, Any]]] = []

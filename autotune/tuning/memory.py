@@ -12,6 +12,14 @@ same model and batch shape, another config's KV cache follows without starting a
   6.74 GiB (46 % freed; embeddings and the LM head stay in bf16), taken as 45 % here (that
   term errs towards fewer tokens).
 
+vLLM 0.26 sizes the KV cache so that weights, activations and KV cache fill
+``gpu_memory_utilization`` of the device, then captures the CUDA graphs in the memory beyond it
+(its log counts them: "... and 0.73 GiB for CUDAGraph memory"). A utilisation that leaves too
+little beyond it fails at the first forward pass: on an H100 80GB, fp8 weights + KV at 0.97 with
+graphs to 1,024 (1.36 GiB) left 1.02 GiB and ran out of memory allocating a 530 MiB activation
+(`benchmarks/results/h100-2026-12-06-resume`, #23); at 0.96 (1.28 GiB of graphs) 1.89 GiB left
+ran. :meth:`MemoryPlan.max_utilization` keeps the graphs plus :data:`RESERVE_GIB` free.
+
 Activations and CUDA graphs are taken as the baseline's: at the baseline's batch shape the plan
 was within 0.2 % of what the H200 study's fp8 trials held; a config that changes them holds more
 or less than predicted (the same study's trials with other ``max_num_batched_tokens`` and graph
@@ -26,6 +34,9 @@ from autotune.trial.record import TrialRecord
 
 #: the share of bf16 weights' memory that online fp8 quantization frees (46 % measured, 7B)
 FP8_WEIGHTS_FREED = 0.45
+#: the memory to keep free beyond gpu_memory_utilization's share and the CUDA graphs (see above:
+#: 1.02 GiB ran out of memory, 1.89 GiB ran)
+RESERVE_GIB = 1.5
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,9 @@ class MemoryPlan:
         weights_gib: Its weights.
         kv_cache_gib: Its KV cache.
         kv_tokens: The tokens that KV cache holds.
+        cudagraph_gib: Its CUDA graphs (None where its log did not say, e.g. before vLLM
+            counted them, or where it ran eager).
+        capture: Its largest CUDA graph (``max_cudagraph_capture_size``).
     """
 
     gpu_gib: float
@@ -45,6 +59,8 @@ class MemoryPlan:
     weights_gib: float
     kv_cache_gib: float
     kv_tokens: int
+    cudagraph_gib: float | None = None
+    capture: int | None = None
 
     @classmethod
     def of(cls, baseline: TrialRecord) -> MemoryPlan | None:
@@ -60,7 +76,16 @@ class MemoryPlan:
         if not all(isinstance(f, (int, float)) and f > 0 for f in figures):
             return None
         gpu, utilization, weights, kv_cache, tokens = (float(f) for f in figures)  # type: ignore[arg-type]
-        return cls(gpu, utilization, weights, kv_cache, int(tokens))
+        graphs, capture = s.get("cudagraph_gib"), baseline.engine.get("max_cudagraph_capture_size")
+        return cls(
+            gpu,
+            utilization,
+            weights,
+            kv_cache,
+            int(tokens),
+            cudagraph_gib=float(graphs) if isinstance(graphs, (int, float)) and graphs > 0 else None,
+            capture=capture if isinstance(capture, int) and capture > 0 else None,
+        )
 
     def _gib_per_token(self, fp8_kv: bool) -> float:
         return self.kv_cache_gib / self.kv_tokens / (2 if fp8_kv else 1)
@@ -80,3 +105,13 @@ class MemoryPlan:
         """The ``gpu_memory_utilization`` at which the KV cache holds ``tokens`` (unrounded)."""
         gib = tokens * self._gib_per_token(fp8_kv) - self.kv_cache_gib - self._freed_gib(fp8_weights)
         return self.utilization + gib / self.gpu_gib
+
+    def max_utilization(self, capture: int | None = None) -> float:
+        """The highest ``gpu_memory_utilization`` that leaves the CUDA graphs up to ``capture``
+        (None: the baseline's) and :data:`RESERVE_GIB` free. The graphs' memory is taken to grow
+        in proportion to the largest graph beyond the baseline's (measured on the 7B: 0.73 GiB to
+        512, 1.19-1.36 GiB to 1,024); a plan without the graphs' figure counts the reserve alone."""
+        graphs = self.cudagraph_gib or 0.0
+        if capture is not None and self.capture:
+            graphs *= max(1.0, capture / self.capture)
+        return 1.0 - (graphs + RESERVE_GIB) / self.gpu_gib
