@@ -22,7 +22,7 @@ CUDA_MISS = [
     _CORE + "[default_loader.py:431] Loading weights took 2.50 seconds",
     _CORE + "[monitor.py:53] torch.compile took 18.50 s in total",
     _CORE + "[gpu_worker.py:560] Available KV cache memory: 114.37 GiB",
-    _CORE + "[gpu_model_runner.py:6845] Graph capturing finished in 9 secs, took 0.55 GiB",
+    _CORE + "[model_runner.py:747] Graph capturing finished in 9 secs, took 0.55 GiB",
     _CORE + "[gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) on startup. Desired GPU "
     "memory utilization is (0.92, 128.62 GiB). Actual usage is 12.55 GiB for weight, 1.47 GiB for peak "
     "activation, 0.22 GiB for non-torch memory, and 0.73 GiB for CUDAGraph memory. Replace "
@@ -69,7 +69,10 @@ def test_parses_the_engine_start_parts():
         "weights_gib": 12.55,
         "kv_cache_gib": 114.37,
         "gpu_gib": 139.8,
-        "cudagraph_gib": 0.73,  # held beyond the utilisation's share
+        "gpu_free_gib": 139.29,
+        "activation_gib": 1.47,
+        "non_torch_gib": 0.22,
+        "cudagraph_gib": 0.73,
     }
     assert parse_startup(CUDA_HIT)["compile_cache"] == "hit"
     assert parse_startup(CUDA_MISS + CUDA_HIT)["compile_cache"] == "partial"

@@ -117,7 +117,15 @@ def test_a_serve_load_caps_the_batch_and_skips_what_the_defaults_already_do(engi
 
 
 #: the H200 baseline's memory plan as vLLM 0.26 logged it (benchmarks/results/h200-2026-12-06-study)
-H200_PLAN = {"gpu_gib": 139.8, "weights_gib": 12.55, "kv_cache_gib": 114.37, "cudagraph_gib": 0.73}
+H200_PLAN = {
+    "gpu_gib": 139.8,
+    "gpu_free_gib": 139.29,
+    "weights_gib": 12.55,
+    "kv_cache_gib": 114.37,
+    "activation_gib": 1.47,
+    "non_torch_gib": 0.22,
+    "cudagraph_gib": 0.73,
+}
 H200_MEASURED = TrialRecord(
     Outcome.SUCCESS,
     {**H200_7B.metrics, "kv_cache_tokens": 234_208},
@@ -225,11 +233,20 @@ def test_one_wave_stays_on_the_spaces_grid_inside_its_rules(engine) -> None:
 
 
 def test_one_wave_leaves_room_for_its_cuda_graphs(engine) -> None:
-    """vLLM 0.26 captures the CUDA graphs beyond gpu_memory_utilization's share: on an H100 80GB,
-    fp8 weights + KV at 0.97 with graphs to 1,024 ran out of memory at the first forward pass
-    (benchmarks/results/h100-2026-12-06-resume, #23), at 0.96 it ran (#29)."""
+    """vLLM 0.26 (Model Runner V2) captures the CUDA graphs beyond gpu_memory_utilization's share:
+    on an H100 80GB, fp8 weights + KV at 0.97 with graphs to 1,024 ran out of memory at the first
+    forward pass (benchmarks/results/h100-2026-12-06-resume, #23), at 0.96 it ran (#29)."""
     space = load_space("throughput", engine, gpus=1)
-    h100 = {"gpu_gib": 79.18, "weights_gib": 12.55, "kv_cache_gib": 58.6, "cudagraph_gib": 0.73}
+    # that H100's baseline as vLLM logged it (benchmarks/results/h100-2026-12-06-validation)
+    h100 = {
+        "gpu_gib": 79.18,
+        "gpu_free_gib": 78.66,
+        "weights_gib": 12.55,
+        "kv_cache_gib": 58.6,
+        "activation_gib": 1.46,
+        "non_torch_gib": 0.22,
+        "cudagraph_gib": 0.73,
+    }
 
     def wave(requests: int) -> dict:
         baseline = TrialRecord(
@@ -245,7 +262,8 @@ def test_one_wave_leaves_room_for_its_cuda_graphs(engine) -> None:
             startup=h100,
         )
         plan = MemoryPlan.of(baseline)
-        assert plan is not None and 0.96 < plan.max_utilization(1024) < 0.97 < plan.max_utilization()
+        assert plan is not None and plan.beyond_gib is not None and abs(plan.beyond_gib - 0.73) < 0.02
+        assert 0.96 < plan.max_utilization(1024) < 0.97 < plan.max_utilization()
         assert plan.utilization_for(int(requests * 512 * 1.01), fp8_kv=True, fp8_weights=True) < 0.97
         return dict(informed_configs(baseline, space, engine.args))["kv-fit-fp8-weights"]
 
@@ -256,3 +274,15 @@ def test_one_wave_leaves_room_for_its_cuda_graphs(engine) -> None:
     # the H200's 139.8 GiB leave room for them at 0.97 (test_one_wave_where_...)
     plan = MemoryPlan.of(H200_MEASURED)
     assert plan is not None and plan.max_utilization(1024) > 0.97
+    # a small card never bars the baseline's own utilisation at its own graphs, where it ran
+    small = dataclasses.replace(plan, gpu_gib=15.0, free_gib=14.5, utilization=0.9, beyond_gib=0.5)
+    assert small.max_utilization(512) == small.max_utilization() == 0.9 > small.max_utilization(1024)
+    # the V1 runner counts its graphs inside the share: nothing held beyond it
+    inside = TrialRecord(
+        Outcome.SUCCESS,
+        H200_MEASURED.metrics,
+        engine=H200_MEASURED.engine,
+        startup={**H200_PLAN, "kv_cache_gib": 114.37 - 0.73},
+    )
+    v1 = MemoryPlan.of(inside)
+    assert v1 is not None and v1.beyond_gib is not None and v1.beyond_gib < 0.01

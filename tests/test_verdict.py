@@ -155,6 +155,9 @@ def test_a_config_that_joins_the_top_later_gets_new_rounds_beside_a_new_baseline
     both = plan_rounds(_measured([*((r, v) for r in range(3) for v in (0, 13)), *slots]), [0, 13, 26], 4, 0)
     assert sorted(both) == [(6, 0), (6, 13), (6, 26)]
     assert plan_rounds(old, [0, 13], 3, 0) == []  # nothing left to measure
+    # a kill while round 1 was queued left out its baseline: #13's slot there pairs with nothing
+    cut = _measured([(0, 0), (0, 13), (1, 13)])
+    assert sorted(plan_rounds(cut, [0, 13], 2, 0)) == [(2, 0), (2, 13)]
 
 
 def test_a_verdict_counts_the_winners_own_rounds_and_states_a_stable_baseline():

@@ -1,7 +1,8 @@
 """Is the winner real? Validation rounds in, speedups with 95 % bootstrap intervals and a verdict out.
 
-Each round measures every candidate and the baseline once; a candidate's speedup in a round is
-its value over that round's baseline value, so drift between rounds cancels. Its speedup is the
+Each round measures the baseline and every candidate in it once (a config that joined the top
+later has rounds of its own); a candidate's speedup in a round is its value over that round's
+baseline value, so drift between rounds cancels. Its speedup is the
 median of those ratios, with a 95 % percentile bootstrap interval (``scipy.stats.bootstrap``).
 A candidate counts as faster only when the interval's lower bound is above 1.0; the winner is
 the fastest of those, and "keep vLLM's defaults" is the verdict when there is none.
@@ -123,7 +124,7 @@ def _interval(ratios: Sequence[float], seed: int) -> tuple[float, float] | None:
 def noise_pct(cv: float) -> str:
     """The baseline's round-to-round CV as a percentage, with a digit more below 0.1 % (a
     stable baseline reads 0.04 %, not 0.0 %)."""
-    return f"{cv:.2%}" if cv < 0.001 else f"{cv:.1%}"
+    return f"{cv:.2%}" if cv < 0.00095 else f"{cv:.1%}"
 
 
 def _cv(values: Sequence[float]) -> float | None:

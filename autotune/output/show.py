@@ -118,7 +118,7 @@ def _validation_lines(v: dict[str, Any] | None) -> list[str]:
         ]
     cv = v.get("noise_cv")
     noise = f", vLLM's defaults varied {noise_pct(cv)} between rounds" if cv is not None else ""
-    lines = [f"Validation: {v['rounds']} round(s){noise}", f"  verdict: {v['verdict']}"]
+    lines = [f"Validation: {v['rounds']} round(s) of vLLM's defaults{noise}", f"  verdict: {v['verdict']}"]
     rows = []
     for c in v["candidates"]:
         ci = c.get("ci95")

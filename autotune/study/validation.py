@@ -116,15 +116,19 @@ def plan_rounds(
     """The ``(round, validates)`` slots to queue so that each of ``members`` (the baseline's
     search trial first, then the candidates') is measured in ``rounds`` rounds beside the baseline.
 
-    A round is measured together: its slots are queued at once, and a killed validation runs the
-    ones still queued. A config that joins the top later (a resumed search found it, ``--top``
-    grew) never joins a round planned without it, which another machine or day may have measured:
-    its speedup in a round would then set it beside a baseline it was never measured with. It is
-    measured in new rounds, each with the baseline again. The new rounds come after every earlier
-    one, each in its own seeded shuffled order, so drift hits every config in it alike.
+    A round's slots are queued at once, and a killed validation runs the ones still queued. A
+    config that joins the top later (a resumed search found it, ``--top`` grew) never joins a
+    round planned without it, which another machine or day may have measured: its speedup in that
+    round would set it beside a baseline it was never measured with. It is measured in new
+    rounds, each with the baseline again; so is a config whose round lost its baseline's slot (a
+    kill while the round was being queued). The new rounds come after every earlier one, each in
+    its own seeded shuffled order, so drift hits every config in it alike.
     """
     baseline, *candidates = members
-    deficit = {v: rounds - sum(1 for m in existing if m.validates == v) for v in candidates}
+    paired = {m.round for m in existing if m.validates == baseline}
+    deficit = {
+        v: rounds - sum(1 for m in existing if m.validates == v and m.round in paired) for v in candidates
+    }
     start = max((m.round for m in existing), default=-1) + 1
     slots: list[tuple[int, int]] = []
     for i in range(max(deficit.values(), default=0)):

@@ -37,14 +37,17 @@ _MISS = re.compile(r"Compiling a graph for compile range|saved AOT compiled func
 #: a cache entry of the same key that vLLM could not load (then it compiles again)
 _LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)")
 _CACHE_DIR = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
-#: the engine's memory plan in GiB as vLLM's GPU worker logs it (the CPU engine logs no such plan):
-#: the weights, the KV cache, and the device's whole memory (the last number of its pattern)
-_GIB: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("weights_gib", re.compile(rf"Model loading took {_NUMBER} GiB")),
-    ("kv_cache_gib", re.compile(rf"Available KV cache memory: {_NUMBER} GiB")),
-    ("gpu_gib", re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)")),
-    # the CUDA graphs' memory, which vLLM 0.26 holds beyond gpu_memory_utilization's share
-    ("cudagraph_gib", re.compile(rf"and {_NUMBER} GiB for CUDAGraph memory")),
+#: the engine's memory plan in GiB as vLLM's GPU worker logs it (the CPU engine logs no such plan),
+#: each with the group that holds it: the weights, the KV cache, the device's whole memory and
+#: its free memory at start, and the start's peak activations, non-torch memory and CUDA graphs
+_GIB: tuple[tuple[str, re.Pattern[str], int], ...] = (
+    ("weights_gib", re.compile(rf"Model loading took {_NUMBER} GiB"), 1),
+    ("kv_cache_gib", re.compile(rf"Available KV cache memory: {_NUMBER} GiB"), 1),
+    ("gpu_gib", re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)"), 2),
+    ("gpu_free_gib", re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)"), 1),
+    ("activation_gib", re.compile(rf"{_NUMBER} GiB for peak activation"), 1),
+    ("non_torch_gib", re.compile(rf"{_NUMBER} GiB for non-torch memory"), 1),
+    ("cudagraph_gib", re.compile(rf"and {_NUMBER} GiB for CUDAGraph memory"), 1),
 )
 
 
@@ -59,8 +62,9 @@ def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
         the cache held this config's entry and vLLM failed to load it, so it compiled again,
         the reason in ``compile_cache_error``; absent where nothing was compiled, e.g.
         ``enforce_eager``), ``compile_cache_dir``, and on a GPU the memory plan in GiB:
-        ``weights_gib``, ``kv_cache_gib``, ``gpu_gib`` (the device's whole memory) and
-        ``cudagraph_gib`` (the CUDA graphs', held beyond the utilisation's share). The
+        ``weights_gib``, ``kv_cache_gib``, ``gpu_gib`` (the device's whole memory),
+        ``gpu_free_gib`` (free at start), ``activation_gib``, ``non_torch_gib`` and
+        ``cudagraph_gib``. The
         first figure of each kind is kept (a multi-process engine logs one per rank; they agree).
     """
     out: dict[str, Any] = {}
@@ -73,9 +77,9 @@ def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
                 if i < rank.get(key, len(_SECONDS)) and (m := pattern.search(line)):
                     out[key], rank[key] = float(m.group(1)), i
         if "GiB" in line:
-            for key, pattern in _GIB:
+            for key, pattern, group in _GIB:
                 if key not in out and (m := pattern.search(line)):
-                    out[key] = float(m.group(m.lastindex or 1))
+                    out[key] = float(m.group(group))
         if m := _HIT.search(line):
             hits += 1
             if m.group(1):

@@ -34,7 +34,9 @@ requests left over run as a second, small batch at the end: on the H200, fp8 wei
 space's ``gpu_memory_utilization`` reaches the memory for every request (by the memory plan, with
 1 % to spare), the config takes the smallest such utilisation on the space's grid and
 ``max_num_seqs`` = the requests: the whole workload in one batch; not where that utilisation
-leaves too little memory for its CUDA graphs (:meth:`MemoryPlan.max_utilization`).
+leaves too little memory for its CUDA graphs (:meth:`MemoryPlan.max_utilization`; where the space
+does not search ``max_cudagraph_capture_size``, vLLM's default for the larger batch may capture
+larger graphs than the baseline's, which the bound does not scale for).
 
 In serve mode at a fixed ``--concurrency`` no batch ever holds more requests than there are
 clients, so the batches above are capped there, and kv-fit is left out where the defaults' own
@@ -152,9 +154,9 @@ def informed_configs(
         if not wave or wave.get("max_num_seqs") != requests:
             return config
         wave = covered(wave)
-        graphs = wave.get(capture.name) if capture is not None else None
-        if utilization > plan.max_utilization(graphs if isinstance(graphs, int) else None):
-            return config  # the CUDA graphs beyond it would not fit
+        largest = wave.get(capture.name) if capture is not None else None
+        if utilization > plan.max_utilization(largest if isinstance(largest, int) else None):
+            return config  # what the engine holds beyond that share would not fit beside it
         return config if violations({**space.fixed, **wave}, space.constraints) else wave
 
     out: list[tuple[str, dict[str, Any]]] = []

@@ -12,13 +12,19 @@ same model and batch shape, another config's KV cache follows without starting a
   6.74 GiB (46 % freed; embeddings and the LM head stay in bf16), taken as 45 % here (that
   term errs towards fewer tokens).
 
-vLLM 0.26 sizes the KV cache so that weights, activations and KV cache fill
-``gpu_memory_utilization`` of the device, then captures the CUDA graphs in the memory beyond it
-(its log counts them: "... and 0.73 GiB for CUDAGraph memory"). A utilisation that leaves too
-little beyond it fails at the first forward pass: on an H100 80GB, fp8 weights + KV at 0.97 with
-graphs to 1,024 (1.36 GiB) left 1.02 GiB and ran out of memory allocating a 530 MiB activation
-(`benchmarks/results/h100-2026-12-06-resume`, #23); at 0.96 (1.28 GiB of graphs) 1.89 GiB left
-ran. :meth:`MemoryPlan.max_utilization` keeps the graphs plus :data:`RESERVE_GIB` free.
+Beyond the utilisation's share: vLLM 0.26 asks for ``gpu_memory_utilization`` x the device's
+memory for weights, activations and KV cache; with its Model Runner V2 (the default for dense
+models such as Llama) it then captures the CUDA graphs outside that share (its log: "Actual
+usage is 12.55 GiB for weight, 1.47 GiB for peak activation, 0.22 GiB for non-torch memory,
+and 0.73 GiB for CUDAGraph memory ... kv cache memory in use is 114.37 GiB" at 0.92 x 139.8 =
+128.62 GiB: 0.72 GiB beyond), while the V1 runner counts its graph estimate inside the share.
+The plan takes what the baseline held beyond the share from that line, whichever runner, and
+scales it with the largest CUDA graph. A utilisation that leaves too little of the memory free
+at start beside it fails at the first forward pass: on an H100 80GB (78.66 GiB free at start),
+fp8 weights + KV at 0.97 with graphs to 1,024 (1.36 GiB) left 0.50 GiB and ran out of memory
+allocating a 530 MiB activation (`benchmarks/results/h100-2026-12-06-resume`, #23); at 0.96
+(1.28 GiB of graphs) 1.37 GiB left ran (#29). :meth:`MemoryPlan.max_utilization` keeps
+:data:`RESERVE_GIB` free.
 
 Activations and CUDA graphs are taken as the baseline's: at the baseline's batch shape the plan
 was within 0.2 % of what the H200 study's fp8 trials held; a config that changes them holds more
@@ -34,9 +40,9 @@ from autotune.trial.record import TrialRecord
 
 #: the share of bf16 weights' memory that online fp8 quantization frees (46 % measured, 7B)
 FP8_WEIGHTS_FREED = 0.45
-#: the memory to keep free beyond gpu_memory_utilization's share and the CUDA graphs (see above:
-#: 1.02 GiB ran out of memory, 1.89 GiB ran)
-RESERVE_GIB = 1.5
+#: the memory to keep free beside gpu_memory_utilization's share and what the engine holds beyond
+#: it (see above: 0.50 GiB ran out of memory at the first forward pass, 1.37 GiB ran)
+RESERVE_GIB = 1.0
 
 
 @dataclass(frozen=True)
@@ -49,8 +55,9 @@ class MemoryPlan:
         weights_gib: Its weights.
         kv_cache_gib: Its KV cache.
         kv_tokens: The tokens that KV cache holds.
-        cudagraph_gib: Its CUDA graphs (None where its log did not say, e.g. before vLLM
-            counted them, or where it ran eager).
+        free_gib: The device's free memory when it started (None: not logged).
+        beyond_gib: What it held beyond the utilisation's share (its CUDA graphs under Model
+            Runner V2; None where its log did not say).
         capture: Its largest CUDA graph (``max_cudagraph_capture_size``).
     """
 
@@ -59,7 +66,8 @@ class MemoryPlan:
     weights_gib: float
     kv_cache_gib: float
     kv_tokens: int
-    cudagraph_gib: float | None = None
+    free_gib: float | None = None
+    beyond_gib: float | None = None
     capture: int | None = None
 
     @classmethod
@@ -76,14 +84,19 @@ class MemoryPlan:
         if not all(isinstance(f, (int, float)) and f > 0 for f in figures):
             return None
         gpu, utilization, weights, kv_cache, tokens = (float(f) for f in figures)  # type: ignore[arg-type]
-        graphs, capture = s.get("cudagraph_gib"), baseline.engine.get("max_cudagraph_capture_size")
+        parts = [s.get(k) for k in ("activation_gib", "non_torch_gib", "cudagraph_gib")]
+        logged = [float(p) for p in parts if isinstance(p, (int, float))]
+        # what the engine held beyond utilization x the device (its CUDA graphs under Model Runner V2)
+        held = weights + kv_cache + sum(logged) - utilization * gpu if len(logged) == len(parts) else None
+        free, capture = s.get("gpu_free_gib"), baseline.engine.get("max_cudagraph_capture_size")
         return cls(
             gpu,
             utilization,
             weights,
             kv_cache,
             int(tokens),
-            cudagraph_gib=float(graphs) if isinstance(graphs, (int, float)) and graphs > 0 else None,
+            free_gib=float(free) if isinstance(free, (int, float)) and free > 0 else None,
+            beyond_gib=max(0.0, held) if held is not None else None,
             capture=capture if isinstance(capture, int) and capture > 0 else None,
         )
 
@@ -107,11 +120,14 @@ class MemoryPlan:
         return self.utilization + gib / self.gpu_gib
 
     def max_utilization(self, capture: int | None = None) -> float:
-        """The highest ``gpu_memory_utilization`` that leaves the CUDA graphs up to ``capture``
-        (None: the baseline's) and :data:`RESERVE_GIB` free. The graphs' memory is taken to grow
-        in proportion to the largest graph beyond the baseline's (measured on the 7B: 0.73 GiB to
-        512, 1.19-1.36 GiB to 1,024); a plan without the graphs' figure counts the reserve alone."""
-        graphs = self.cudagraph_gib or 0.0
-        if capture is not None and self.capture:
-            graphs *= max(1.0, capture / self.capture)
-        return 1.0 - (graphs + RESERVE_GIB) / self.gpu_gib
+        """The highest ``gpu_memory_utilization`` that leaves, of the memory free at start, what
+        the engine holds beyond the share with CUDA graphs up to ``capture`` (None: the
+        baseline's) and :data:`RESERVE_GIB`. That memory is taken to grow in proportion to the
+        largest graph beyond the baseline's (the 7B: 0.73 GiB to 512, 1.19-1.36 GiB to 1,024);
+        never below the baseline's own utilisation at the baseline's graphs, where it ran."""
+        beyond = self.beyond_gib or 0.0
+        larger = capture is not None and self.capture is not None and capture > self.capture
+        if larger:
+            beyond *= capture / self.capture  # type: ignore[operator]
+        bound = ((self.free_gib or self.gpu_gib) - beyond - RESERVE_GIB) / self.gpu_gib
+        return bound if larger else max(bound, self.utilization)

@@ -1,6 +1,7 @@
 """Validation rounds: the top configs of the search and the baseline, measured again.
 
-Each round measures every one of them once, in a seeded shuffled order, each a fresh isolated
+Each round measures the baseline and the configs in it once (a config that joined the top
+later gets rounds of its own), in a seeded shuffled order, each a fresh isolated
 trial (the same worker, timeout and outcome rules as the search), so drift hits all alike. The
 rounds live in the study's validation study (:mod:`autotune.study.validation`): a killed
 validation continues with the rounds it lacks, and PostgreSQL workers share them.

@@ -406,7 +406,7 @@ def validation_figure(validation: dict[str, Any], objective: str) -> str | None:
     return _png(
         fig,
         "validation rounds",
-        "each config measured again once per round, in a shuffled order, beside vLLM's defaults; "
+        "each config measured again in its rounds, in a shuffled order, beside vLLM's defaults; "
         "a speedup is a config's value over the defaults' in the same round",
     )
 

@@ -149,7 +149,8 @@ def _validation_section(v: dict[str, Any] | None, objective: str) -> str:
     )
     figure = validation_figure(v, objective) or ""
     return (
-        f"<p><b>{html.escape(v['verdict'])}</b></p><p>{v['rounds']} round(s).{html.escape(noise)}</p>"
+        f"<p><b>{html.escape(v['verdict'])}</b></p>"
+        f"<p>{v['rounds']} round(s) of vLLM's defaults.{html.escape(noise)}</p>"
         f"{figure}{table}{notes}"
     )
 
