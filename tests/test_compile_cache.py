@@ -27,7 +27,8 @@ CUDA_MISS = [
     "memory utilization is (0.92, 128.62 GiB). Actual usage is 12.55 GiB for weight, 1.47 GiB for peak "
     "activation, 0.22 GiB for non-torch memory, and 0.73 GiB for CUDAGraph memory. Replace "
     "gpu_memory_utilization config with `--kv-cache-memory=121861177959` (113.49 GiB) to fit into "
-    "requested memory, or `--kv-cache-memory=133317565440` (124.16 GiB) to fully utilize gpu memory.",
+    "requested memory, or `--kv-cache-memory=133317565440` (124.16 GiB) to fully utilize gpu memory. "
+    "Current kv cache memory in use is 114.37 GiB.",
     _CORE + "[core.py:341] init engine (profile, create kv cache, warmup model) took 44.10 s "
     "(compilation: 19.87 s)",
 ]
@@ -70,10 +71,19 @@ def test_parses_the_engine_start_parts():
         "kv_cache_gib": 114.37,
         "gpu_gib": 139.8,
         "gpu_free_gib": 139.29,
-        "activation_gib": 1.47,
-        "non_torch_gib": 0.22,
         "cudagraph_gib": 0.73,
+        "beyond_gib": 0.72,  # Model Runner V2: its graphs, beyond the 128.62 GiB asked for
     }
+    # the V1 runner counts its graphs inside the share (a smaller KV cache); two ranks: the most
+    # held beyond the share, the least free memory
+    v1 = [line.replace("in use is 114.37", "in use is 113.64") for line in CUDA_MISS]
+    rank1 = [
+        line.replace("(139.29/", "(138.9/").replace("in use is 114.37", "in use is 114.5")
+        for line in CUDA_MISS
+    ]
+    assert parse_startup(v1)["beyond_gib"] == pytest.approx(-0.01, abs=1e-6)
+    both = parse_startup(v1 + rank1)
+    assert both["beyond_gib"] == pytest.approx(0.85) and both["gpu_free_gib"] == 138.9
     assert parse_startup(CUDA_HIT)["compile_cache"] == "hit"
     assert parse_startup(CUDA_MISS + CUDA_HIT)["compile_cache"] == "partial"
     aot = parse_startup(CPU_AOT_MISS.splitlines())

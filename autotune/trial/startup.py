@@ -38,17 +38,30 @@ _MISS = re.compile(r"Compiling a graph for compile range|saved AOT compiled func
 _LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)")
 _CACHE_DIR = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
 #: the engine's memory plan in GiB as vLLM's GPU worker logs it (the CPU engine logs no such plan),
-#: each with the group that holds it: the weights, the KV cache, the device's whole memory and
-#: its free memory at start, and the start's peak activations, non-torch memory and CUDA graphs
+#: each with the group that holds it: the weights, the KV cache, the device's whole memory
 _GIB: tuple[tuple[str, re.Pattern[str], int], ...] = (
     ("weights_gib", re.compile(rf"Model loading took {_NUMBER} GiB"), 1),
     ("kv_cache_gib", re.compile(rf"Available KV cache memory: {_NUMBER} GiB"), 1),
     ("gpu_gib", re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)"), 2),
-    ("gpu_free_gib", re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)"), 1),
-    ("activation_gib", re.compile(rf"{_NUMBER} GiB for peak activation"), 1),
-    ("non_torch_gib", re.compile(rf"{_NUMBER} GiB for non-torch memory"), 1),
-    ("cudagraph_gib", re.compile(rf"and {_NUMBER} GiB for CUDAGraph memory"), 1),
 )
+_SIGNED = r"(-?[0-9]+(?:\.[0-9]+)?)"
+#: the GPU worker's one line that sets its memory use against gpu_memory_utilization's share
+_USAGE = re.compile(
+    rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\) on startup\. Desired GPU memory utilization "
+    rf"is \({_NUMBER}, {_NUMBER} GiB\)\. Actual usage is {_SIGNED} GiB for weight, {_SIGNED} GiB for "
+    rf"peak activation, {_SIGNED} GiB for non-torch memory, and {_SIGNED} GiB for CUDAGraph memory\."
+    rf".*Current kv cache memory in use is {_SIGNED} GiB"
+)
+
+
+def _usage(m: re.Match[str], out: dict[str, Any]) -> None:
+    """One rank's :data:`_USAGE` line into ``out``: the least free memory at start, the most held
+    beyond the share (each rank's figures from its own line; ranks can differ)."""
+    free, _, _, requested, weights, activation, non_torch, graphs, kv_cache = (float(g) for g in m.groups())
+    beyond = weights + activation + non_torch + graphs + kv_cache - requested
+    out["gpu_free_gib"] = min(free, out.get("gpu_free_gib", free))
+    out["cudagraph_gib"] = max(graphs, out.get("cudagraph_gib", graphs))
+    out["beyond_gib"] = round(max(beyond, out.get("beyond_gib", beyond)), 4)
 
 
 def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
@@ -63,9 +76,12 @@ def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
         the reason in ``compile_cache_error``; absent where nothing was compiled, e.g.
         ``enforce_eager``), ``compile_cache_dir``, and on a GPU the memory plan in GiB:
         ``weights_gib``, ``kv_cache_gib``, ``gpu_gib`` (the device's whole memory),
-        ``gpu_free_gib`` (free at start), ``activation_gib``, ``non_torch_gib`` and
-        ``cudagraph_gib``. The
-        first figure of each kind is kept (a multi-process engine logs one per rank; they agree).
+        ``gpu_free_gib`` (free at start), ``cudagraph_gib`` and ``beyond_gib`` (what the engine
+        held beyond ``gpu_memory_utilization``'s share: weights, activations, non-torch memory,
+        CUDA graphs and KV cache less the share, by the worker's own line; Model Runner V2's
+        graphs, ~0 where the V1 runner counts them inside). A multi-process engine logs these
+        per rank: the first figure of each kind is kept, but the least free memory and the most
+        held beyond the share over the ranks.
     """
     out: dict[str, Any] = {}
     rank: dict[str, int] = {}  # the index in _SECONDS of each key's figure so far
@@ -80,6 +96,8 @@ def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
             for key, pattern, group in _GIB:
                 if key not in out and (m := pattern.search(line)):
                     out[key] = float(m.group(group))
+            if m := _USAGE.search(line):
+                _usage(m, out)
         if m := _HIT.search(line):
             hits += 1
             if m.group(1):

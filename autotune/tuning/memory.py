@@ -1,8 +1,9 @@
 """How many tokens a config's KV cache would hold, predicted from the baseline's measured memory.
 
 vLLM's GPU worker logs its memory plan at every engine start: the device's memory, the weights'
-GiB and the KV cache's GiB (what ``gpu_memory_utilization`` leaves after weights, activations and
-CUDA graphs), and the engine reports the KV cache's tokens. From the baseline's plan, with the
+GiB and the KV cache's GiB (what ``gpu_memory_utilization``'s share leaves after weights,
+activations and non-torch memory, and, with the V1 runner, its CUDA graphs), and the engine
+reports the KV cache's tokens. From the baseline's plan, with the
 same model and batch shape, another config's KV cache follows without starting an engine:
 
 - each 0.01 of ``gpu_memory_utilization`` moves 1 % of the device's memory into or out of it;
@@ -13,18 +14,20 @@ same model and batch shape, another config's KV cache follows without starting a
   term errs towards fewer tokens).
 
 Beyond the utilisation's share: vLLM 0.26 asks for ``gpu_memory_utilization`` x the device's
-memory for weights, activations and KV cache; with its Model Runner V2 (the default for dense
-models such as Llama) it then captures the CUDA graphs outside that share (its log: "Actual
-usage is 12.55 GiB for weight, 1.47 GiB for peak activation, 0.22 GiB for non-torch memory,
-and 0.73 GiB for CUDAGraph memory ... kv cache memory in use is 114.37 GiB" at 0.92 x 139.8 =
-128.62 GiB: 0.72 GiB beyond), while the V1 runner counts its graph estimate inside the share.
-The plan takes what the baseline held beyond the share from that line, whichever runner, and
-scales it with the largest CUDA graph. A utilisation that leaves too little of the memory free
-at start beside it fails at the first forward pass: on an H100 80GB (78.66 GiB free at start),
-fp8 weights + KV at 0.97 with graphs to 1,024 (1.36 GiB) left 0.50 GiB and ran out of memory
-allocating a 530 MiB activation (`benchmarks/results/h100-2026-12-06-resume`, #23); at 0.96
-(1.28 GiB of graphs) 1.37 GiB left ran (#29). :meth:`MemoryPlan.max_utilization` keeps
-:data:`RESERVE_GIB` free.
+memory for weights, activations, non-torch memory and KV cache; with its Model Runner V2 (the
+default for dense models such as Llama) it then captures the CUDA graphs outside that share (its
+log: "Actual usage is 12.55 GiB for weight, 1.47 GiB for peak activation, 0.22 GiB for non-torch
+memory, and 0.73 GiB for CUDAGraph memory ... kv cache memory in use is 114.37 GiB" at 0.92 x
+139.8 = 128.62 GiB: 0.72 GiB beyond), while the V1 runner counts its graph estimate inside the
+share. The plan takes what the baseline held beyond the share from that line, whichever runner
+(the graphs' own figure where the line lacks the rest), and scales it with the largest CUDA
+graph (under V1 that scales only the estimate's error, and larger graphs shrink the KV cache
+instead: then the config holds fewer tokens than predicted, never more memory). A utilisation
+that leaves too little of the memory free at start beside it fails at the first forward pass: on
+an H100 80GB (78.66 GiB free at start), fp8 weights + KV at 0.97 with graphs to 1,024 (1.36 GiB)
+left 0.50 GiB and ran out of memory allocating a 530 MiB activation
+(`benchmarks/results/h100-2026-12-06-resume`, #23); at 0.96 (1.28 GiB of graphs) 1.37 GiB left
+ran (#29). :meth:`MemoryPlan.max_utilization` keeps :data:`RESERVE_GIB` free.
 
 Activations and CUDA graphs are taken as the baseline's: at the baseline's batch shape the plan
 was within 0.2 % of what the H200 study's fp8 trials held; a config that changes them holds more
@@ -41,7 +44,8 @@ from autotune.trial.record import TrialRecord
 #: the share of bf16 weights' memory that online fp8 quantization frees (46 % measured, 7B)
 FP8_WEIGHTS_FREED = 0.45
 #: the memory to keep free beside gpu_memory_utilization's share and what the engine holds beyond
-#: it (see above: 0.50 GiB ran out of memory at the first forward pass, 1.37 GiB ran)
+#: it (see above: 0.50 GiB ran out of memory at the first forward pass, 1.37 GiB ran; one 7B pair:
+#: a larger model's first forward pass may allocate more)
 RESERVE_GIB = 1.0
 
 
@@ -84,10 +88,7 @@ class MemoryPlan:
         if not all(isinstance(f, (int, float)) and f > 0 for f in figures):
             return None
         gpu, utilization, weights, kv_cache, tokens = (float(f) for f in figures)  # type: ignore[arg-type]
-        parts = [s.get(k) for k in ("activation_gib", "non_torch_gib", "cudagraph_gib")]
-        logged = [float(p) for p in parts if isinstance(p, (int, float))]
-        # what the engine held beyond utilization x the device (its CUDA graphs under Model Runner V2)
-        held = weights + kv_cache + sum(logged) - utilization * gpu if len(logged) == len(parts) else None
+        held = s.get("beyond_gib", s.get("cudagraph_gib"))
         free, capture = s.get("gpu_free_gib"), baseline.engine.get("max_cudagraph_capture_size")
         return cls(
             gpu,
@@ -96,7 +97,7 @@ class MemoryPlan:
             kv_cache,
             int(tokens),
             free_gib=float(free) if isinstance(free, (int, float)) and free > 0 else None,
-            beyond_gib=max(0.0, held) if held is not None else None,
+            beyond_gib=max(0.0, float(held)) if isinstance(held, (int, float)) else None,
             capture=capture if isinstance(capture, int) and capture > 0 else None,
         )
 
