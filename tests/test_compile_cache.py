@@ -84,6 +84,12 @@ def test_parses_the_engine_start_parts():
     assert parse_startup(v1)["beyond_gib"] == pytest.approx(-0.01, abs=1e-6)
     both = parse_startup(v1 + rank1)
     assert both["beyond_gib"] == pytest.approx(0.85) and both["gpu_free_gib"] == 138.9
+    # a release that words the line otherwise (bytes for the KV cache): the free memory and the
+    # graphs still come from their own parts of it, and nothing is guessed of what it held beyond
+    other = parse_startup(
+        [line.replace("in use is 114.37 GiB", "in use is 122805567488 bytes") for line in CUDA_MISS]
+    )
+    assert other["gpu_free_gib"] == 139.29 and other["cudagraph_gib"] == 0.73 and "beyond_gib" not in other
     assert parse_startup(CUDA_HIT)["compile_cache"] == "hit"
     assert parse_startup(CUDA_MISS + CUDA_HIT)["compile_cache"] == "partial"
     aot = parse_startup(CPU_AOT_MISS.splitlines())

@@ -45,7 +45,13 @@ _GIB: tuple[tuple[str, re.Pattern[str], int], ...] = (
     ("gpu_gib", re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)"), 2),
 )
 _SIGNED = r"(-?[0-9]+(?:\.[0-9]+)?)"
-#: the GPU worker's one line that sets its memory use against gpu_memory_utilization's share
+#: the free memory at start and the CUDA graphs' memory, each from its own part of the GPU
+#: worker's usage line, so that a release whose line differs elsewhere still gives them
+_FREE = re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)")
+_GRAPHS = re.compile(rf"{_SIGNED} GiB for CUDAGraph memory")
+#: the GPU worker's whole line that sets its memory use against gpu_memory_utilization's share
+#: (vLLM 0.26); where a release words it otherwise, ``beyond_gib`` is left out and the memory
+#: plan assumes nothing about it
 _USAGE = re.compile(
     rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\) on startup\. Desired GPU memory utilization "
     rf"is \({_NUMBER}, {_NUMBER} GiB\)\. Actual usage is {_SIGNED} GiB for weight, {_SIGNED} GiB for "
@@ -54,14 +60,19 @@ _USAGE = re.compile(
 )
 
 
-def _usage(m: re.Match[str], out: dict[str, Any]) -> None:
-    """One rank's :data:`_USAGE` line into ``out``: the least free memory at start, the most held
-    beyond the share (each rank's figures from its own line; ranks can differ)."""
-    free, _, _, requested, weights, activation, non_torch, graphs, kv_cache = (float(g) for g in m.groups())
-    beyond = weights + activation + non_torch + graphs + kv_cache - requested
-    out["gpu_free_gib"] = min(free, out.get("gpu_free_gib", free))
-    out["cudagraph_gib"] = max(graphs, out.get("cudagraph_gib", graphs))
-    out["beyond_gib"] = round(max(beyond, out.get("beyond_gib", beyond)), 4)
+def _usage(line: str, out: dict[str, Any]) -> None:
+    """One rank's usage line into ``out``: the least free memory at start, the largest graphs and
+    the most held beyond the share (each rank's figures from its own line; ranks can differ)."""
+    if m := _FREE.search(line):
+        free = float(m.group(1))
+        out["gpu_free_gib"] = min(free, out.get("gpu_free_gib", free))
+    if m := _GRAPHS.search(line):
+        graphs = float(m.group(1))
+        out["cudagraph_gib"] = max(graphs, out.get("cudagraph_gib", graphs))
+    if m := _USAGE.search(line):
+        _, _, _, requested, weights, activation, non_torch, graphs, kv_cache = (float(g) for g in m.groups())
+        beyond = weights + activation + non_torch + graphs + kv_cache - requested
+        out["beyond_gib"] = round(max(beyond, out.get("beyond_gib", beyond)), 4)
 
 
 def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
@@ -96,8 +107,7 @@ def parse_startup(lines: Iterable[str]) -> dict[str, Any]:
             for key, pattern, group in _GIB:
                 if key not in out and (m := pattern.search(line)):
                     out[key] = float(m.group(group))
-            if m := _USAGE.search(line):
-                _usage(m, out)
+            _usage(line, out)
         if m := _HIT.search(line):
             hits += 1
             if m.group(1):

@@ -88,7 +88,8 @@ class MemoryPlan:
         if not all(isinstance(f, (int, float)) and f > 0 for f in figures):
             return None
         gpu, utilization, weights, kv_cache, tokens = (float(f) for f in figures)  # type: ignore[arg-type]
-        held = s.get("beyond_gib", s.get("cudagraph_gib"))
+        held = s.get("beyond_gib")
+        held = s.get("cudagraph_gib") if held is None else held
         free, capture = s.get("gpu_free_gib"), baseline.engine.get("max_cudagraph_capture_size")
         return cls(
             gpu,
@@ -125,10 +126,13 @@ class MemoryPlan:
         the engine holds beyond the share with CUDA graphs up to ``capture`` (None: the
         baseline's) and :data:`RESERVE_GIB`. That memory is taken to grow in proportion to the
         largest graph beyond the baseline's (the 7B: 0.73 GiB to 512, 1.19-1.36 GiB to 1,024);
-        never below the baseline's own utilisation at the baseline's graphs, where it ran."""
-        beyond = self.beyond_gib or 0.0
-        larger = capture is not None and self.capture is not None and capture > self.capture
-        if larger:
-            beyond *= capture / self.capture  # type: ignore[operator]
-        bound = ((self.free_gib or self.gpu_gib) - beyond - RESERVE_GIB) / self.gpu_gib
-        return bound if larger else max(bound, self.utilization)
+        never below the baseline's own utilisation at the baseline's graphs, where it ran. Where
+        the baseline's log did not say what it held beyond the share, or it captured no graphs
+        to scale from for a config that does, the baseline's own utilisation: nothing above it
+        is known to fit."""
+        if self.beyond_gib is None or self.free_gib is None or (capture and not self.capture):
+            return self.utilization
+        room = self.free_gib - RESERVE_GIB
+        if capture is not None and self.capture is not None and capture > self.capture:
+            return (room - self.beyond_gib * capture / self.capture) / self.gpu_gib
+        return max((room - self.beyond_gib) / self.gpu_gib, self.utilization)
