@@ -37,17 +37,17 @@ _MISS = re.compile(r"Compiling a graph for compile range|saved AOT compiled func
 #: a cache entry of the same key that vLLM could not load (then it compiles again)
 _LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)")
 _CACHE_DIR = re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile")
+_SIGNED = r"(-?[0-9]+(?:\.[0-9]+)?)"
+#: the free memory at start and the CUDA graphs' memory, each from its own part of the GPU
+#: worker's usage line, so that a release whose line differs elsewhere still gives them
+_FREE = re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)")
 #: the engine's memory plan in GiB as vLLM's GPU worker logs it (the CPU engine logs no such plan),
 #: each with the group that holds it: the weights, the KV cache, the device's whole memory
 _GIB: tuple[tuple[str, re.Pattern[str], int], ...] = (
     ("weights_gib", re.compile(rf"Model loading took {_NUMBER} GiB"), 1),
     ("kv_cache_gib", re.compile(rf"Available KV cache memory: {_NUMBER} GiB"), 1),
-    ("gpu_gib", re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)"), 2),
+    ("gpu_gib", _FREE, 2),
 )
-_SIGNED = r"(-?[0-9]+(?:\.[0-9]+)?)"
-#: the free memory at start and the CUDA graphs' memory, each from its own part of the GPU
-#: worker's usage line, so that a release whose line differs elsewhere still gives them
-_FREE = re.compile(rf"Free memory on device \({_NUMBER}/{_NUMBER} GiB\)")
 _GRAPHS = re.compile(rf"{_SIGNED} GiB for CUDAGraph memory")
 #: the GPU worker's whole line that sets its memory use against gpu_memory_utilization's share
 #: (vLLM 0.26); where a release words it otherwise, ``beyond_gib`` is left out and the memory
