@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 import sqlite3
 from pathlib import Path
@@ -147,3 +148,37 @@ def test_show_says_a_timed_out_trial_ran_again():
         == f"the trial ran past its timeout and was killed; its config ran again as #{again.number}"
     )
     assert rows[again.number].error.startswith(f"retry of #{cold.number}")
+
+
+def _with_machines(study: optuna.Study, machines: dict[int, dict]) -> optuna.Study:
+    """``study`` anew, trial ``n`` with ``machines[n]`` (the rest with none recorded, as in trials
+    of earlier releases)."""
+    out = optuna.create_study(direction="maximize")
+    for key, value in study.user_attrs.items():
+        out.set_user_attr(key, value)
+    for t in study.trials:
+        t = copy.deepcopy(t)
+        if t.number in machines:
+            t.user_attrs["machine"] = machines[t.number]
+        out.add_trial(t)
+    return out
+
+
+def test_show_marks_trials_measured_on_another_machine_than_the_baseline():
+    here = {"host": "gpu-a", "gpu_uuids": ["GPU-aaaa"]}
+    there = {"host": "gpu-a", "gpu_uuids": ["GPU-bbbb"]}  # another machine, the same host name
+    synthetic = make_study(n=4, seed=3, extra_failures=False)
+    study = _with_machines(synthetic, {0: here, 1: here, 2: there, 4: there})
+    rows = {r.number: r for r in trial_rows(study)}
+    assert [rows[n].other_machine for n in range(5)] == [False, False, True, False, True]
+    doc = show_doc(study)
+    text = format_show(doc)
+    assert "[other machine]: #2, #4 ran on another machine than the baseline" in text
+    assert [t["other_machine"] for t in doc["trials"]] == [False, False, True, False, True]
+    assert doc["best"]["trial"] == 2
+    assert "(measured on another machine than the baseline: the ratio sets" in text
+
+    # a study whose baseline's machine is unknown says nothing either way
+    study = _with_machines(synthetic, {0: {}, 1: here, 2: there, 4: there})
+    assert not any(r.other_machine for r in trial_rows(study))
+    assert "[other machine]" not in format_show(show_doc(study))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,7 @@ def test_timeout_kills_the_process_group(tmp_path: Path, tiny_model: Path, warm:
     assert "engine_start" in result.phases_s  # it got as far as the engine: a real hang, not a crash
     doc = json.loads((spec.trial_dir / "result.json").read_text())
     assert doc["outcome"] == "timeout"
+    assert doc["machine"]["host"] == socket.gethostname()  # where it ran, a failed trial included
     assert group_members(doc["pid"]) == []  # worker and engine-core children are all gone
     assert (spec.trial_dir / "stderr.log").stat().st_size > 0
 

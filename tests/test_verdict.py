@@ -166,3 +166,48 @@ def test_a_verdict_counts_the_winners_own_rounds_and_states_a_stable_baseline():
     v = judge(base, {26: late, 13: early})
     assert v.winner == 13 and "over 2 rounds" in v.verdict  # its own rounds, not the baseline's 5
     assert "varied 0.04% between rounds" in v.verdict
+
+
+def test_rounds_measured_on_several_machines_are_said(tmp_path) -> None:
+    """The H200 study of 2026-12-06 as if its 2nd round had been cut off and finished elsewhere."""
+    import json
+    import shutil
+    import sqlite3
+    from pathlib import Path
+
+    import optuna
+
+    from autotune.analysis.verdict import study_verdict
+    from autotune.output.show import format_show, show_doc
+    from autotune.study.validation import load_validation, measurements
+
+    db = tmp_path / "s7b.db"
+    shutil.copy(Path(__file__).parents[1] / "benchmarks/results/h200-2026-12-06-study/s7b.db", db)
+    url = f"sqlite:///{db}"
+    study = optuna.load_study(study_name="s7b", storage=url)
+    val = load_validation(study)
+    assert val is not None
+    base = {m.number for m in measurements(val) if m.validates == 0}
+    ids = {t.number: t._trial_id for t in val.get_trials(deepcopy=False)}
+
+    def place(machine_of) -> None:
+        with sqlite3.connect(db) as con:
+            con.execute("DELETE FROM trial_user_attributes WHERE key = 'machine'")
+            for m in measurements(val):
+                machine = {"host": "h", "gpu_uuids": [machine_of(m)]}
+                con.execute(
+                    "INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (?, ?, ?)",
+                    (ids[m.number], "machine", json.dumps(machine)),
+                )
+
+    place(lambda m: "GPU-a" if m.round == 0 or m.number in base else "GPU-b")
+    v = study_verdict(optuna.load_study(study_name="s7b", storage=url))
+    assert v is not None and (v.machines, v.mixed_rounds) == (2, (1,))  # 0-based
+    again = optuna.load_study(study_name="s7b", storage=url)  # the first one caches finished trials
+    assert "the rounds ran on 2 machines; round(s) 2 on more than one" in format_show(show_doc(again, url))
+
+    place(lambda m: f"GPU-{m.round}")  # each round on its own machine: each ratio within one
+    v = study_verdict(optuna.load_study(study_name="s7b", storage=url))
+    assert v is not None and (v.machines, v.mixed_rounds) == (2, ())
+    text = format_show(show_doc(optuna.load_study(study_name="s7b", storage=url), url))
+    assert "(each round on one, so each ratio compares within one machine)" in text

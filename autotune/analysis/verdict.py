@@ -67,6 +67,10 @@ class Verdict:
         baseline_slo_misses: Serve mode: the SLOs vLLM's defaults missed in these rounds
             (``{metric: median ms}``); then "keep the defaults" cannot be followed.
         baseline_search_value: The baseline's value in the search (its one run there).
+        machines: How many machines the rounds' measurements ran on, where recorded (0: none
+            recorded, as in studies of earlier releases).
+        mixed_rounds: Rounds (0-based) measured on more than one machine: their ratios set two machines'
+            figures against each other (a validation cut off mid-round and resumed elsewhere).
     """
 
     rounds: int
@@ -78,6 +82,8 @@ class Verdict:
     verdict: str
     baseline_slo_misses: dict[str, float] = field(default_factory=dict)
     baseline_search_value: float | None = None
+    machines: int = 0
+    mixed_rounds: tuple[int, ...] = ()
 
     @property
     def winning(self) -> CandidateResult | None:
@@ -319,7 +325,17 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
                 round_compile_caches=tuple(by_round.get(r) for r in rounds),  # aligned with values
             )
         )
-    return replace(verdict, candidates=tuple(searched), baseline_search_value=base_value)
+    machines: dict[int, set[tuple[str, ...]]] = {}
+    for m in found:
+        if (key := TrialRecord.of(rounds_run[m.number]).machine_key) is not None:
+            machines.setdefault(m.round, set()).add(key)
+    return replace(
+        verdict,
+        candidates=tuple(searched),
+        baseline_search_value=base_value,
+        machines=len(set().union(*machines.values())),
+        mixed_rounds=tuple(r for r in rounds if len(machines.get(r, ())) > 1),
+    )
 
 
 def search_gaps(verdict: Mapping[str, Any]) -> list[str]:

@@ -110,6 +110,21 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
     }
 
 
+def _on_other_machine(doc: dict[str, Any], number: int) -> bool:
+    return any(r["number"] == number and r.get("other_machine") for r in doc["trials"])
+
+
+def _numbers(numbers: list[int]) -> str:
+    """``#1, #4-#7``: trial numbers, runs of consecutive ones joined."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"#{r[0]}" if len(r) == 1 else f"#{r[0]}-#{r[-1]}" for r in runs)
+
+
 def _validation_lines(v: dict[str, Any] | None) -> list[str]:
     if v is None:
         return [
@@ -134,6 +149,17 @@ def _validation_lines(v: dict[str, Any] | None) -> list[str]:
     if rows:
         header = ["config of", "speedup", "95 % CI", "each round (x defaults)", "search run"]
         lines.append(indent(table(header, rows)))
+    if (machines := v.get("machines") or 0) > 1:
+        mixed = v.get("mixed_rounds") or []
+        lines.append(
+            f"  the rounds ran on {machines} machines"
+            + (
+                f"; round(s) {', '.join(str(r + 1) for r in mixed)} on more than one: their ratios set two "
+                "machines' figures against each other"
+                if mixed
+                else " (each round on one, so each ratio compares within one machine)"
+            )
+        )
     if gaps := search_gaps(v):
         lines.append("  the search's one run and the rounds disagree beyond the noise:")
         lines.extend(f"    {g}" for g in gaps)
@@ -221,6 +247,11 @@ def format_show(doc: dict[str, Any]) -> str:
         elif base is None:
             line += " (no completed baseline to compare with)"
         lines.append(line)
+        if base is not None and _on_other_machine(doc, best["trial"]):
+            lines.append(
+                "  (measured on another machine than the baseline: the ratio sets two machines' figures "
+                "against each other; `autotune validate` measures both on one machine)"
+            )
         if doc["best_vs_baseline"]:
             rows = [
                 [
@@ -246,6 +277,8 @@ def format_show(doc: dict[str, Any]) -> str:
                 for k, v in r["slo_misses"].items()
             )
             note = f"misses SLO: {missed}; {note}".rstrip("; ")
+        if r.get("other_machine"):
+            note = f"[other machine] {note}".strip()
         if r["role"] != "sampled":
             note = f"[{r['role']}] {note}".strip()
         rows.append(
@@ -265,4 +298,10 @@ def format_show(doc: dict[str, Any]) -> str:
             table(["#", "state", "outcome", "value", "x base", "wall", "quality", "note"], rows, {0, 3, 4, 5})
         )
     )
+    if others := [r["number"] for r in doc["trials"] if r.get("other_machine")]:
+        lines.append(
+            f"[other machine]: {_numbers(others)} ran on another machine than the baseline; machines of one "
+            "GPU type measure the same config a few percent apart, so their x base is not a speedup "
+            "(`autotune validate` measures a config beside vLLM's defaults on one machine)"
+        )
     return "\n".join(lines)

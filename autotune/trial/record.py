@@ -123,6 +123,8 @@ class TrialRecord:
         trial_dir: The directory with its spec, logs and ``result.json``.
         log: The log to read when it failed (its stderr).
         gpus: NVML indices of the GPUs it ran on.
+        machine: The machine it ran on (:func:`autotune.trial.telemetry.machine`): ``host`` and
+            ``gpu_uuids``; empty in trials of earlier releases.
         role: Where its config came from.
         config: An enqueued config exactly as the user gave it.
         retry_of: The trial it runs again (that one was cut off or timed out cold).
@@ -149,6 +151,7 @@ class TrialRecord:
     trial_dir: str | None = None
     log: str | None = None
     gpus: tuple[int, ...] = ()
+    machine: dict[str, Any] = field(default_factory=dict)
     role: Role = Role.SAMPLED
     config: dict[str, Any] | None = None
     retry_of: int | None = None
@@ -228,6 +231,15 @@ class TrialRecord:
         """Its config came from the queue (baseline, enqueued, a retry, a validation round), not
         from the sampler."""
         return self.role is not Role.SAMPLED or self.retry_of is not None or self.validates is not None
+
+    @property
+    def machine_key(self) -> tuple[str, ...] | None:
+        """The machine it ran on, as a key to compare (its GPUs' UUIDs, else its host name);
+        None where unknown (a trial of an earlier release, or one that never launched)."""
+        if uuids := self.machine.get("gpu_uuids"):
+            return tuple(sorted(uuids))
+        host = self.machine.get("host")
+        return (str(host),) if host else None
 
     def slot(self, **changes: Any) -> TrialRecord:
         """What identifies the config of a queued trial (its role, an enqueued config, the

@@ -25,7 +25,7 @@ from autotune.trial.process import TrialProcess, reap_group, stop_requests, term
 from autotune.trial.record import CONSTRAINT, Outcome, TrialRecord
 from autotune.trial.spec import TrialSpec
 from autotune.trial.startup import read_startup
-from autotune.trial.telemetry import GpuSampler, wait_for_idle_gpus
+from autotune.trial.telemetry import GpuSampler, machine, wait_for_idle_gpus
 
 _logger = get_logger(__name__)
 _TAIL_BYTES = 64 * 1024
@@ -259,6 +259,7 @@ def run_trial(
         trial_dir=str(tdir),
         log=str(err_path),
         gpus=tuple(spec.device_ids),
+        machine=machine(),
         returncode=proc.returncode,
         pid=proc.pid,
         stdout=str(out_path),

@@ -6,6 +6,7 @@ Without NVML (a CPU machine, no driver) every call degrades to "unavailable"; no
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +48,24 @@ def visible_device_ids() -> list[int]:
         elif part:
             break  # a UUID or an invalid entry: CUDA stops at the first one it can't use
     return ids
+
+
+def machine() -> dict[str, Any]:
+    """What identifies the machine a trial runs on: its host name and the UUIDs of every GPU NVML
+    sees there (``gpu_uuids``, left out without NVML). Two machines of one GPU type measure the
+    same config a few percent apart, so a ratio is only sound between trials of one machine."""
+    out: dict[str, Any] = {"host": socket.gethostname()}
+    nvml = _nvml()
+    if nvml is None:
+        return out
+    try:
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        uuids = [nvml.nvmlDeviceGetUUID(h) for h in handles]
+    except Exception as e:
+        _logger.debug("NVML UUIDs unavailable: %s", e)
+        return out
+    out["gpu_uuids"] = [u.decode() if isinstance(u, bytes) else str(u) for u in uuids]
+    return out
 
 
 def gpu_names(ids: list[int]) -> list[str]:
