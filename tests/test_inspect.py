@@ -177,6 +177,10 @@ def test_show_marks_trials_measured_on_another_machine_than_the_baseline():
     assert [t["other_machine"] for t in doc["trials"]] == [False, False, True, False, True]
     assert doc["best"]["trial"] == 2
     assert "(measured on another machine than the baseline: the ratio sets" in text
+    from autotune.output.report.tables import trials_html
+
+    html = trials_html(list(rows.values()), {}, Path("."))
+    assert html.count("(other machine)") == 2 and "×1.243 (other machine)" in html
 
     # a study whose baseline's machine is unknown says nothing either way
     study = _with_machines(synthetic, {0: {}, 1: here, 2: there, 4: there})

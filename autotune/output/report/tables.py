@@ -193,7 +193,12 @@ def trials_html(rows: Sequence[TrialRow], infeasible: dict[int, str], links_from
             _td(r.state),
             _td(outcome, cls=cls),
             _td(r.value, True),
-            _td(f"×{r.speedup:.3f}" if r.speedup is not None else None, True),
+            _td(
+                (f"×{r.speedup:.3f}" + (" (other machine)" if r.other_machine else ""))
+                if r.speedup is not None
+                else None,
+                True,
+            ),
             _td(f"{r.wall_s:.0f}" if isinstance(r.wall_s, (int, float)) else None, True),
             _td(f"{r.gpu_util_pct:.0f}" if r.gpu_util_pct is not None else None, True),
             _td(quality_text(r.quality) if r.quality else None),
