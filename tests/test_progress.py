@@ -159,3 +159,23 @@ def test_with_parallel_slots_a_trial_is_as_long_as_its_own_wall(monkeypatch):
     assert progress._trial_walls[:2] == [pytest.approx(105.1), pytest.approx(105.1)]
     # after 4 trials: median(105.1, 105.1, 75, 75) = 90.05; 285 + 90 fits, after 5: 360 + 75 doesn't
     assert progress.stopped_for_time and progress.launched == 5
+
+
+def test_a_trial_measured_on_another_machine_than_the_baseline_says_so(monkeypatch):
+    import autotune.tuning.progress
+
+    lines: list[str] = []
+    monkeypatch.setattr(autotune.tuning.progress._logger, "info", lambda msg, *a: lines.append(msg % a))
+    study = _study()
+
+    def objective(trial: optuna.Trial) -> float:
+        if trial.number == 0:
+            trial.set_user_attr("autotune_role", "baseline")
+        gpu = "GPU-a" if trial.number < 2 else "GPU-b"  # the study resumed on another machine
+        trial.set_user_attr("machine", {"host": "h", "gpu_uuids": [gpu]})
+        return 100.0 + trial.number
+
+    study.optimize(objective, n_trials=3, callbacks=[Progress(budget=3, objective="x", show_bar=False)])
+    trials = [line for line in lines if line.startswith("trial ")]
+    assert "(x1.01 vs defaults)" in trials[1]
+    assert "(x1.02 vs defaults measured on another machine)" in trials[2]

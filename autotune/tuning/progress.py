@@ -14,7 +14,7 @@ import optuna
 from autotune._logging import get_logger
 from autotune.study.budget import counted_trials
 from autotune.study.objectives import primary_value
-from autotune.study.trials import baseline_value, best_or_none
+from autotune.study.trials import baseline_trial, best_or_none
 from autotune.trial.outcome import error_summary
 from autotune.trial.record import Outcome, Role, TrialRecord
 
@@ -184,10 +184,13 @@ class Progress:
     def _log(
         self, study: optuna.Study, trial: optuna.trial.FrozenTrial, record: TrialRecord, counted: int
     ) -> None:
-        base_value = baseline_value(study)
+        base = baseline_trial(study)
+        base_value = primary_value(base) if base is not None else None
         value = primary_value(trial)
         if trial.state == optuna.trial.TrialState.COMPLETE and value is not None:
-            speed = f" (x{value / base_value:.2f} vs defaults)" if base_value else ""
+            here, there = record.machine_key, TrialRecord.of(base).machine_key if base is not None else None
+            elsewhere = " measured on another machine" if None not in (here, there) and here != there else ""
+            speed = f" (x{value / base_value:.2f} vs defaults{elsewhere})" if base_value else ""
             what = f"{value:,.1f} {self.objective}{speed}"
             if len(trial.values or ()) > 1:
                 what += "".join(
