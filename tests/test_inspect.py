@@ -164,25 +164,79 @@ def _with_machines(study: optuna.Study, machines: dict[int, dict]) -> optuna.Stu
     return out
 
 
-def test_show_marks_trials_measured_on_another_machine_than_the_baseline():
+def test_show_marks_trials_measured_on_another_device_than_the_baseline():
+    from autotune.analysis.records import OTHER_DEVICE
+    from autotune.output.export import _validation
+    from autotune.output.report.tables import trials_html
+    from autotune.output.summary import format_summary
+    from autotune.study.trials import summary
+
     here = {"host": "gpu-a", "gpu_uuids": ["GPU-aaaa"]}
-    there = {"host": "gpu-a", "gpu_uuids": ["GPU-bbbb"]}  # another machine, the same host name
+    there = {"host": "gpu-a", "gpu_uuids": ["GPU-bbbb"]}  # another GPU of the same host
     synthetic = make_study(n=4, seed=3, extra_failures=False)
     study = _with_machines(synthetic, {0: here, 1: here, 2: there, 4: there})
     rows = {r.number: r for r in trial_rows(study)}
-    assert [rows[n].other_machine for n in range(5)] == [False, False, True, False, True]
+    assert [rows[n].other_device for n in range(5)] == [False, False, True, False, True]  # 3: unknown
     doc = show_doc(study)
     text = format_show(doc)
-    assert "[other machine]: #2, #4 ran on another machine than the baseline" in text
-    assert [t["other_machine"] for t in doc["trials"]] == [False, False, True, False, True]
-    assert doc["best"]["trial"] == 2
-    assert "(measured on another machine than the baseline: the ratio sets" in text
-    from autotune.output.report.tables import trials_html
-
+    assert "[other device]: #2, #4 ran on another GPU or machine than the baseline" in text
+    assert [t["other_device"] for t in doc["trials"]] == [False, False, True, False, True]
+    assert doc["best"]["trial"] == 2 and doc["best"]["other_device"]
+    assert f"  ({OTHER_DEVICE})" in text
+    assert OTHER_DEVICE in format_summary(summary(study))
+    assert OTHER_DEVICE in _validation(None, other_device=True)["message"]
     html = trials_html(list(rows.values()), {}, Path("."))
-    assert html.count("(other machine)") == 2 and "×1.243 (other machine)" in html
+    assert html.count("(other device)") == 2 and "×1.243 (other device)" in html
 
-    # a study whose baseline's machine is unknown says nothing either way
-    study = _with_machines(synthetic, {0: {}, 1: here, 2: there, 4: there})
-    assert not any(r.other_machine for r in trial_rows(study))
-    assert "[other machine]" not in format_show(show_doc(study))
+    # where one side's GPUs are unknown (NVML failed there), or the baseline's machine is, it
+    # says nothing either way; GPUs unknown on both sides compare by host
+    for machines in (
+        {0: {"host": "gpu-a"}, 2: there},
+        {0: {}, 2: there},
+        {0: {"host": "cpu-a"}, 2: {"host": "cpu-a"}},
+    ):
+        study = _with_machines(synthetic, machines)
+        assert not any(r.other_device for r in trial_rows(study))
+        assert "[other device]" not in format_show(show_doc(study))
+        assert OTHER_DEVICE not in format_summary(summary(study))
+    study = _with_machines(synthetic, {0: {"host": "cpu-a"}, 2: {"host": "cpu-b"}})
+    assert [r.number for r in trial_rows(study) if r.other_device] == [2]
+
+
+def test_a_repeat_is_marked_where_the_trial_it_repeats_ran():
+    from optuna.distributions import IntDistribution
+
+    from autotune.trial.record import DUPLICATE_ATTR
+
+    base = make_study(n=1, seed=3, extra_failures=False)
+    study = _with_machines(
+        base, {0: {"host": "h", "gpu_uuids": ["GPU-a"]}, 1: {"host": "h", "gpu_uuids": ["GPU-b"]}}
+    )
+    repeat = study.ask({"max_num_seqs": IntDistribution(16, 1024, log=True)})
+    repeat.set_user_attr(DUPLICATE_ATTR, 1)
+    repeat.set_user_attr("outcome", "duplicate")
+    study.tell(repeat, study.trials[1].value)
+    assert [r.other_device for r in trial_rows(study)] == [False, True, True]
+
+
+def test_the_machine_a_trial_ran_on(monkeypatch):
+    import autotune.trial.telemetry as telemetry
+
+    class FakeNvml:
+        @staticmethod
+        def nvmlDeviceGetHandleByIndex(i: int) -> int:
+            if i == 3:
+                raise RuntimeError("GPU is lost")
+            return i
+
+        @staticmethod
+        def nvmlDeviceGetUUID(handle: int) -> bytes | str:
+            return b"GPU-0000" if handle == 0 else f"GPU-{handle:04d}"
+
+    monkeypatch.setattr(telemetry.socket, "gethostname", lambda: "node-1")
+    monkeypatch.setattr(telemetry, "_nvml", lambda: FakeNvml)
+    assert telemetry.machine([0, 2]) == {"host": "node-1", "gpu_uuids": ["GPU-0000", "GPU-0002"]}
+    assert telemetry.machine([2, 3]) == {"host": "node-1"}  # one unreadable GPU: none named
+    assert telemetry.machine([]) == {"host": "node-1"}  # a CPU trial
+    monkeypatch.setattr(telemetry, "_nvml", lambda: None)
+    assert telemetry.machine([0]) == {"host": "node-1"}

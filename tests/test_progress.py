@@ -161,7 +161,7 @@ def test_with_parallel_slots_a_trial_is_as_long_as_its_own_wall(monkeypatch):
     assert progress.stopped_for_time and progress.launched == 5
 
 
-def test_a_trial_measured_on_another_machine_than_the_baseline_says_so(monkeypatch):
+def test_a_trial_measured_on_another_device_than_the_baseline_says_so(monkeypatch):
     import autotune.tuning.progress
 
     lines: list[str] = []
@@ -178,4 +178,4 @@ def test_a_trial_measured_on_another_machine_than_the_baseline_says_so(monkeypat
     study.optimize(objective, n_trials=3, callbacks=[Progress(budget=3, objective="x", show_bar=False)])
     trials = [line for line in lines if line.startswith("trial ")]
     assert "(x1.01 vs defaults)" in trials[1]
-    assert "(x1.02 vs defaults measured on another machine)" in trials[2]
+    assert "(x1.02 vs the defaults' run on another device)" in trials[2]

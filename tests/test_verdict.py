@@ -168,8 +168,8 @@ def test_a_verdict_counts_the_winners_own_rounds_and_states_a_stable_baseline():
     assert "varied 0.04% between rounds" in v.verdict
 
 
-def test_rounds_measured_on_several_machines_are_said(tmp_path) -> None:
-    """The H200 study of 2026-12-06 as if its 2nd round had been cut off and finished elsewhere."""
+def test_rounds_measured_on_several_devices_are_said(tmp_path) -> None:
+    """The H200 study of 2026-12-06 as if its rounds had run on several GPUs."""
     import json
     import shutil
     import sqlite3
@@ -184,30 +184,33 @@ def test_rounds_measured_on_several_machines_are_said(tmp_path) -> None:
     db = tmp_path / "s7b.db"
     shutil.copy(Path(__file__).parents[1] / "benchmarks/results/h200-2026-12-06-study/s7b.db", db)
     url = f"sqlite:///{db}"
-    study = optuna.load_study(study_name="s7b", storage=url)
-    val = load_validation(study)
+    val = load_validation(optuna.load_study(study_name="s7b", storage=url))
     assert val is not None
     base = {m.number for m in measurements(val) if m.validates == 0}
     ids = {t.number: t._trial_id for t in val.get_trials(deepcopy=False)}
 
-    def place(machine_of) -> None:
+    def place(gpu_of) -> str:
+        """Each measurement on the GPU ``gpu_of`` names; the study's ``show``."""
         with sqlite3.connect(db) as con:
             con.execute("DELETE FROM trial_user_attributes WHERE key = 'machine'")
             for m in measurements(val):
-                machine = {"host": "h", "gpu_uuids": [machine_of(m)]}
+                machine = {"host": "h", "gpu_uuids": [gpu_of(m)]}
                 con.execute(
                     "INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (?, ?, ?)",
                     (ids[m.number], "machine", json.dumps(machine)),
                 )
+        study = optuna.load_study(study_name="s7b", storage=url)  # a loaded study caches trials
+        return format_show(show_doc(study, url))
 
-    place(lambda m: "GPU-a" if m.round == 0 or m.number in base else "GPU-b")
+    # round 2 cut off after the defaults, and finished on another GPU
+    text = place(lambda m: "GPU-a" if m.round == 0 or m.number in base else "GPU-b")
     v = study_verdict(optuna.load_study(study_name="s7b", storage=url))
-    assert v is not None and (v.machines, v.mixed_rounds) == (2, (1,))  # 0-based
-    again = optuna.load_study(study_name="s7b", storage=url)  # the first one caches finished trials
-    assert "the rounds ran on 2 machines; round(s) 2 on more than one" in format_show(show_doc(again, url))
+    assert v is not None and (v.devices, v.mixed_rounds) == (2, (2,))
+    clause = "in round(s) 2 a config and vLLM's defaults ran on different GPUs or machines"
+    assert clause in v.verdict and clause in text and list(v.to_dict()["mixed_rounds"]) == [2]
 
-    place(lambda m: f"GPU-{m.round}")  # each round on its own machine: each ratio within one
+    text = place(lambda m: f"GPU-{m.round}")  # each round on a GPU of its own: each ratio within one
     v = study_verdict(optuna.load_study(study_name="s7b", storage=url))
-    assert v is not None and (v.machines, v.mixed_rounds) == (2, ())
-    text = format_show(show_doc(optuna.load_study(study_name="s7b", storage=url), url))
-    assert "(each round on one, so each ratio compares within one machine)" in text
+    assert v is not None and (v.devices, v.mixed_rounds) == (2, ())
+    assert "different GPUs" not in v.verdict
+    assert "the rounds ran on 2 GPUs or machines, each round's configs on one" in text

@@ -54,6 +54,14 @@ def searched_names(study: optuna.Study) -> list[str]:
     return names + extra
 
 
+#: what is said of a ratio to vLLM's defaults measured on another device than the defaults
+OTHER_DEVICE = (
+    "measured on another GPU or machine than vLLM's defaults: the ratio sets two devices' figures against "
+    "each other (two GPUs of one type differ by a few percent); `autotune validate` measures both again "
+    "side by side"
+)
+
+
 @dataclass(frozen=True)
 class TrialRow:
     """One trial as ``show`` and the report list it."""
@@ -77,9 +85,9 @@ class TrialRow:
     phase_s: dict[str, float] = field(default_factory=dict)
     #: minutes from the study's first trial's start to this one's end (breaks between runs included)
     ended_min: float | None = None
-    #: it ran on a machine other than the baseline's (both known): its ``speedup`` sets figures
-    #: of two machines against each other
-    other_machine: bool = False
+    #: it ran on another device than the baseline (another GPU or machine; both known): its
+    #: ``speedup`` sets two devices' figures against each other
+    other_device: bool = False
 
     @property
     def log_exists(self) -> bool:
@@ -117,7 +125,7 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
     base = baseline_trial(study)
     defaults = baseline_engine(study)
     base_value = primary_value(base) if base is not None else None
-    base_machine = TrialRecord.of(base).machine_key if base is not None else None
+    base_record = TrialRecord.of(base) if base is not None else None
     names = searched_names(study)
     settings = raw_settings(study)
     budget, fixed = settings.get("quality_budget"), (settings.get("space") or {}).get("fixed") or {}
@@ -159,8 +167,8 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
                 ended_min=(t.datetime_complete - t0).total_seconds() / 60
                 if t0 is not None and t.datetime_complete is not None
                 else None,
-                other_machine=None not in (base_machine, record.machine_key)
-                and record.machine_key != base_machine,
+                other_device=base_record is not None
+                and _measured(record, records).same_device(base_record) is False,
             )
         )
     return rows

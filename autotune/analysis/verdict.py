@@ -67,10 +67,11 @@ class Verdict:
         baseline_slo_misses: Serve mode: the SLOs vLLM's defaults missed in these rounds
             (``{metric: median ms}``); then "keep the defaults" cannot be followed.
         baseline_search_value: The baseline's value in the search (its one run there).
-        machines: How many machines the rounds' measurements ran on, where recorded (0: none
-            recorded, as in studies of earlier releases).
-        mixed_rounds: Rounds (0-based) measured on more than one machine: their ratios set two machines'
-            figures against each other (a validation cut off mid-round and resumed elsewhere).
+        devices: How many GPUs (or machines, without GPUs) the rounds ran on, where recorded
+            (0: none recorded, as in studies of earlier releases).
+        mixed_rounds: Rounds (numbered from 1, as shown) in which a config and vLLM's defaults
+            ran on different devices: such a round's ratio sets two devices' figures against each
+            other (rounds run in parallel on several GPUs, or one cut off and finished elsewhere).
     """
 
     rounds: int
@@ -82,7 +83,7 @@ class Verdict:
     verdict: str
     baseline_slo_misses: dict[str, float] = field(default_factory=dict)
     baseline_search_value: float | None = None
-    machines: int = 0
+    devices: int = 0
     mixed_rounds: tuple[int, ...] = ()
 
     @property
@@ -325,16 +326,30 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
                 round_compile_caches=tuple(by_round.get(r) for r in rounds),  # aligned with values
             )
         )
-    machines: dict[int, set[tuple[str, ...]]] = {}
-    for m in found:
-        if (key := TrialRecord.of(rounds_run[m.number]).machine_key) is not None:
-            machines.setdefault(m.round, set()).add(key)
+    records = {m.number: TrialRecord.of(rounds_run[m.number]) for m in found}
+    base_of = {m.round: records[m.number] for m in found if m.validates == base.number}
+    mixed = tuple(
+        r + 1
+        for r in rounds
+        if any(
+            records[m.number].same_device(base_of[r]) is False
+            for m in found
+            if m.round == r and m.validates != base.number
+        )
+    )
+    text = verdict.verdict
+    if mixed:
+        text += (
+            f"; in round(s) {', '.join(map(str, mixed))} a config and vLLM's defaults ran on different GPUs "
+            "or machines (two GPUs of one type differ by a few percent)"
+        )
     return replace(
         verdict,
         candidates=tuple(searched),
         baseline_search_value=base_value,
-        machines=len(set().union(*machines.values())),
-        mixed_rounds=tuple(r for r in rounds if len(machines.get(r, ())) > 1),
+        devices=len({k for m in found if m.round in base_of and (k := records[m.number].device_key)}),
+        mixed_rounds=mixed,
+        verdict=text,
     )
 
 

@@ -121,7 +121,11 @@ def build_export(
             "resolved_engine_config": base_record.engine,
         },
         "speedup_over_baseline": _speedup(best, base, verdict),
-        "validation": _validation(verdict, instead_of_defaults),
+        "validation": _validation(
+            verdict,
+            instead_of_defaults,
+            other_device=base_record is not None and record.same_device(base_record) is False,
+        ),
         # what the winner does to the model's outputs: measured against the baseline, or named
         "quality": quality_of(record, settings.quality_budget, settings.fixed),
         "model": settings.model,
@@ -183,10 +187,18 @@ def _speedup(
     return ratio(primary_value(best), primary_value(base) if base is not None else None)
 
 
-def _validation(verdict: Verdict | None, instead_of_defaults: int | None = None) -> dict[str, Any]:
+def _validation(
+    verdict: Verdict | None, instead_of_defaults: int | None = None, *, other_device: bool = False
+) -> dict[str, Any]:
     """The export's ``validation`` entry; ``instead_of_defaults``: the trial exported because vLLM's
-    defaults miss an SLO (a verdict of "keep the defaults" cannot be followed)."""
+    defaults miss an SLO (a verdict of "keep the defaults" cannot be followed); ``other_device``:
+    the exported trial ran on another device than vLLM's defaults (said where not validated)."""
     out = _verdict_entry(verdict)
+    if verdict is None and other_device:
+        from autotune.analysis.records import OTHER_DEVICE
+
+        out["other_device"] = True
+        out["message"] += f"; the config was {OTHER_DEVICE}"
     if verdict is not None and verdict.winner is None and instead_of_defaults is not None:
         out["note"] = (
             f"vLLM's defaults miss an SLO of the study: exported trial #{instead_of_defaults} instead, "

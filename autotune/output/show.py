@@ -6,7 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from autotune.analysis.quality import quality_text
-from autotune.analysis.records import trial_rows
+from autotune.analysis.records import OTHER_DEVICE, trial_rows
 from autotune.analysis.verdict import noise_pct, search_gaps
 from autotune.output.listing import summarize_study
 from autotune.output.text import fmt, indent, table
@@ -87,7 +87,12 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
         "budget_used": summary.used,
         "best": None
         if best is None
-        else {"trial": best.number, "value": best.value, "speedup_over_baseline": best.speedup},
+        else {
+            "trial": best.number,
+            "value": best.value,
+            "speedup_over_baseline": best.speedup,
+            "other_device": best.other_device,
+        },
         "baseline": None if base_row is None else {"trial": base_row.number, "value": base_row.value},
         "best_vs_baseline": comparison,
         "quality_budget": settings.get("quality_budget"),
@@ -108,10 +113,6 @@ def show_doc(study: optuna.Study, storage: str = "") -> dict[str, Any]:
             for r in rows
         ],
     }
-
-
-def _on_other_machine(doc: dict[str, Any], number: int) -> bool:
-    return any(r["number"] == number and r.get("other_machine") for r in doc["trials"])
 
 
 def _numbers(numbers: list[int]) -> str:
@@ -149,16 +150,10 @@ def _validation_lines(v: dict[str, Any] | None) -> list[str]:
     if rows:
         header = ["config of", "speedup", "95 % CI", "each round (x defaults)", "search run"]
         lines.append(indent(table(header, rows)))
-    if (machines := v.get("machines") or 0) > 1:
-        mixed = v.get("mixed_rounds") or []
+    if (devices := v.get("devices") or 0) > 1 and not v.get("mixed_rounds"):
         lines.append(
-            f"  the rounds ran on {machines} machines"
-            + (
-                f"; round(s) {', '.join(str(r + 1) for r in mixed)} on more than one: their ratios set two "
-                "machines' figures against each other"
-                if mixed
-                else " (each round on one, so each ratio compares within one machine)"
-            )
+            f"  the rounds ran on {devices} GPUs or machines, each round's configs on one (each ratio "
+            "compares measurements of one device)"
         )
     if gaps := search_gaps(v):
         lines.append("  the search's one run and the rounds disagree beyond the noise:")
@@ -247,11 +242,8 @@ def format_show(doc: dict[str, Any]) -> str:
         elif base is None:
             line += " (no completed baseline to compare with)"
         lines.append(line)
-        if base is not None and _on_other_machine(doc, best["trial"]):
-            lines.append(
-                "  (measured on another machine than the baseline: the ratio sets two machines' figures "
-                "against each other; `autotune validate` measures both on one machine)"
-            )
+        if base is not None and best.get("other_device"):
+            lines.append(f"  ({OTHER_DEVICE})")
         if doc["best_vs_baseline"]:
             rows = [
                 [
@@ -277,8 +269,8 @@ def format_show(doc: dict[str, Any]) -> str:
                 for k, v in r["slo_misses"].items()
             )
             note = f"misses SLO: {missed}; {note}".rstrip("; ")
-        if r.get("other_machine"):
-            note = f"[other machine] {note}".strip()
+        if r.get("other_device"):
+            note = f"[other device] {note}".strip()
         if r["role"] != "sampled":
             note = f"[{r['role']}] {note}".strip()
         rows.append(
@@ -298,10 +290,9 @@ def format_show(doc: dict[str, Any]) -> str:
             table(["#", "state", "outcome", "value", "x base", "wall", "quality", "note"], rows, {0, 3, 4, 5})
         )
     )
-    if others := [r["number"] for r in doc["trials"] if r.get("other_machine")]:
+    if others := [r["number"] for r in doc["trials"] if r.get("other_device")]:
         lines.append(
-            f"[other machine]: {_numbers(others)} ran on another machine than the baseline; machines of one "
-            "GPU type measure the same config a few percent apart, so their x base is not a speedup "
-            "(`autotune validate` measures a config beside vLLM's defaults on one machine)"
+            f"[other device]: {_numbers(others)} ran on another GPU or machine than the baseline; two GPUs "
+            "of one type measure the same config a few percent apart, so their x base is not a speedup"
         )
     return "\n".join(lines)

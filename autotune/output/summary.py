@@ -36,6 +36,10 @@ def format_summary(summary: dict[str, Any], where: str = "") -> str:
             f"x{summary['speedup_over_baseline']:.3f} over vLLM's defaults "
             f"(trial #{base_trial}, {fmt(base_value)}; one measurement each)"
         )
+        if summary.get("other_device"):
+            from autotune.analysis.records import OTHER_DEVICE
+
+            lines.append(f"  {OTHER_DEVICE}")
     front = summary.get("pareto_front")
     if front:
         lines.append(

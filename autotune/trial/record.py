@@ -123,7 +123,7 @@ class TrialRecord:
         trial_dir: The directory with its spec, logs and ``result.json``.
         log: The log to read when it failed (its stderr).
         gpus: NVML indices of the GPUs it ran on.
-        machine: The machine it ran on (:func:`autotune.trial.telemetry.machine`): ``host`` and
+        machine: Where it ran (:func:`autotune.trial.telemetry.machine`): ``host`` and its GPUs'
             ``gpu_uuids``; empty in trials of earlier releases.
         role: Where its config came from.
         config: An enqueued config exactly as the user gave it.
@@ -233,13 +233,24 @@ class TrialRecord:
         return self.role is not Role.SAMPLED or self.retry_of is not None or self.validates is not None
 
     @property
-    def machine_key(self) -> tuple[str, ...] | None:
-        """The machine it ran on, as a key to compare (its GPUs' UUIDs, else its host name);
-        None where unknown (a trial of an earlier release, or one that never launched)."""
+    def device_key(self) -> tuple[str, ...] | None:
+        """Where it ran, as a key: its GPUs' UUIDs, else ``host:NAME``; None where unknown (a
+        trial of an earlier release, or one that never launched)."""
         if uuids := self.machine.get("gpu_uuids"):
             return tuple(sorted(uuids))
         host = self.machine.get("host")
-        return (str(host),) if host else None
+        return (f"host:{host}",) if host else None
+
+    def same_device(self, other: TrialRecord) -> bool | None:
+        """Whether it ran on the same device as ``other``: the same GPUs where both know theirs,
+        the same host where neither ran on a GPU NVML could name; None where that is unknown."""
+        mine, theirs = self.machine.get("gpu_uuids"), other.machine.get("gpu_uuids")
+        if mine and theirs:
+            return sorted(mine) == sorted(theirs)
+        if mine or theirs:
+            return None
+        host, other_host = self.machine.get("host"), other.machine.get("host")
+        return host == other_host if host and other_host else None
 
     def slot(self, **changes: Any) -> TrialRecord:
         """What identifies the config of a queued trial (its role, an enqueued config, the

@@ -259,7 +259,7 @@ def run_trial(
         trial_dir=str(tdir),
         log=str(err_path),
         gpus=tuple(spec.device_ids),
-        machine=machine(),
+        machine=machine(list(spec.device_ids)),
         returncode=proc.returncode,
         pid=proc.pid,
         stdout=str(out_path),

@@ -50,21 +50,24 @@ def visible_device_ids() -> list[int]:
     return ids
 
 
-def machine() -> dict[str, Any]:
-    """What identifies the machine a trial runs on: its host name and the UUIDs of every GPU NVML
-    sees there (``gpu_uuids``, left out without NVML). Two machines of one GPU type measure the
-    same config a few percent apart, so a ratio is only sound between trials of one machine."""
+def machine(device_ids: list[int]) -> dict[str, Any]:
+    """Where a trial runs: the host's name and the UUIDs of the trial's own GPUs (``gpu_uuids``,
+    NVML indices ``device_ids``; left out without NVML, or where one of them cannot be read). Two
+    GPUs of one type measure the same config a few percent apart, in one host or two, so a ratio
+    is only sound between measurements of one device (see :meth:`TrialRecord.same_device`)."""
     out: dict[str, Any] = {"host": socket.gethostname()}
-    nvml = _nvml()
+    nvml = _nvml() if device_ids else None
     if nvml is None:
         return out
-    try:
-        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        uuids = [nvml.nvmlDeviceGetUUID(h) for h in handles]
-    except Exception as e:
-        _logger.debug("NVML UUIDs unavailable: %s", e)
-        return out
-    out["gpu_uuids"] = [u.decode() if isinstance(u, bytes) else str(u) for u in uuids]
+    uuids = []
+    for i in device_ids:
+        try:
+            uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
+        except Exception as e:
+            _logger.debug("NVML UUID of GPU %d unavailable: %s", i, e)
+            return out
+        uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+    out["gpu_uuids"] = uuids
     return out
 
 

@@ -25,6 +25,7 @@ from autotune.trial.probe import PROBE_FILE
 from autotune.trial.record import CONSTRAINT, INFEASIBLE, Outcome, Role, TrialRecord, mark
 from autotune.trial.runner import claim_dir, run_trial
 from autotune.trial.spec import TrialSpec
+from autotune.trial.telemetry import machine
 from autotune.tuning import quality
 from autotune.tuning.placement import Slot, SlotPool
 
@@ -293,4 +294,4 @@ def start(trial: optuna.Trial, trial_dir: Path, engine_kwargs: dict[str, Any]) -
 def record_slot(trial: optuna.Trial, slot: Slot) -> None:
     """The GPUs a trial runs on, stored before it runs: a trial cut off still says where it ran."""
     if slot.device_ids:
-        TrialRecord(gpus=slot.device_ids).write(trial)
+        TrialRecord(gpus=slot.device_ids, machine=machine(list(slot.device_ids))).write(trial)

@@ -188,9 +188,9 @@ class Progress:
         base_value = primary_value(base) if base is not None else None
         value = primary_value(trial)
         if trial.state == optuna.trial.TrialState.COMPLETE and value is not None:
-            here, there = record.machine_key, TrialRecord.of(base).machine_key if base is not None else None
-            elsewhere = " measured on another machine" if None not in (here, there) and here != there else ""
-            speed = f" (x{value / base_value:.2f} vs defaults{elsewhere})" if base_value else ""
+            elsewhere = base is not None and record.same_device(TrialRecord.of(base)) is False
+            against = "the defaults' run on another device" if elsewhere else "defaults"
+            speed = f" (x{value / base_value:.2f} vs {against})" if base_value else ""
             what = f"{value:,.1f} {self.objective}{speed}"
             if len(trial.values or ()) > 1:
                 what += "".join(

@@ -70,7 +70,8 @@ def _headline(doc: dict[str, Any], objective: str) -> str:
     if best["speedup_over_baseline"] is not None and base is not None:
         headline += (
             f" — ×{best['speedup_over_baseline']:.3f} over vLLM's defaults ({fmt_value(base['value'])}; "
-            "one measurement each, not validated)"
+            "one measurement each, not validated"
+            + ("; on another GPU or machine than the defaults)" if best.get("other_device") else ")")
         )
     return headline
 

@@ -194,7 +194,7 @@ def trials_html(rows: Sequence[TrialRow], infeasible: dict[int, str], links_from
             _td(outcome, cls=cls),
             _td(r.value, True),
             _td(
-                (f"×{r.speedup:.3f}" + (" (other machine)" if r.other_machine else ""))
+                (f"×{r.speedup:.3f}" + (" (other device)" if r.other_device else ""))
                 if r.speedup is not None
                 else None,
                 True,
