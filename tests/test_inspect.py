@@ -202,6 +202,14 @@ def test_show_marks_trials_measured_on_another_device_than_the_baseline():
     study = _with_machines(synthetic, {0: {"host": "cpu-a"}, 2: {"host": "cpu-b"}})
     assert [r.number for r in trial_rows(study) if r.other_device] == [2]
 
+    # a trial with no ratio (it failed or was pruned) is not marked: nothing to doubt
+    failed = make_study(n=6, seed=3)
+    rows = trial_rows(
+        _with_machines(failed, {t.number: here if t.number == 0 else there for t in failed.trials})
+    )
+    assert {r.state for r in rows if not r.other_device} >= {"PRUNED"}
+    assert all(r.state == "COMPLETE" for r in rows if r.other_device)
+
 
 def test_a_repeat_is_marked_where_the_trial_it_repeats_ran():
     from optuna.distributions import IntDistribution

@@ -205,12 +205,21 @@ def test_rounds_measured_on_several_devices_are_said(tmp_path) -> None:
     # round 2 cut off after the defaults, and finished on another GPU
     text = place(lambda m: "GPU-a" if m.round == 0 or m.number in base else "GPU-b")
     v = study_verdict(optuna.load_study(study_name="s7b", storage=url))
-    assert v is not None and (v.devices, v.mixed_rounds) == (2, (2,))
-    clause = "in round(s) 2 a config and vLLM's defaults ran on different GPUs or machines"
-    assert clause in v.verdict and clause in text and list(v.to_dict()["mixed_rounds"]) == [2]
+    assert v is not None and v.mixed_rounds == ((3, 2), (10, 2))
+    clause = "#3 in round 2, #10 in round 2 measured on another GPU or machine than vLLM's defaults"
+    assert clause in v.verdict and clause in text
+    assert [list(p) for p in v.to_dict()["mixed_rounds"]] == [[3, 2], [10, 2]]
 
-    text = place(lambda m: f"GPU-{m.round}")  # each round on a GPU of its own: each ratio within one
+    # each round on a GPU of its own: each ratio compares measurements of one GPU
+    place(lambda m: f"GPU-{m.round}")
     v = study_verdict(optuna.load_study(study_name="s7b", storage=url))
-    assert v is not None and (v.devices, v.mixed_rounds) == (2, ())
-    assert "different GPUs" not in v.verdict
-    assert "the rounds ran on 2 GPUs or machines, each round's configs on one" in text
+    assert v is not None and v.mixed_rounds == () and "another GPU" not in v.verdict
+
+    # a measurement without a value gives no ratio to doubt: #10's round 2 failed, on GPU-b
+    failed = next(m.number for m in measurements(val) if m.validates == 10 and m.round == 1)
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE trials SET state = 'FAIL' WHERE trial_id = ?", (ids[failed],))
+        con.execute("DELETE FROM trial_values WHERE trial_id = ?", (ids[failed],))
+    place(lambda m: "GPU-b" if m.number == failed else "GPU-a")
+    v = study_verdict(optuna.load_study(study_name="s7b", storage=url))
+    assert v is not None and v.mixed_rounds == ()

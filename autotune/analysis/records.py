@@ -57,8 +57,8 @@ def searched_names(study: optuna.Study) -> list[str]:
 #: what is said of a ratio to vLLM's defaults measured on another device than the defaults
 OTHER_DEVICE = (
     "measured on another GPU or machine than vLLM's defaults: the ratio sets two devices' figures against "
-    "each other (two GPUs of one type differ by a few percent); `autotune validate` measures both again "
-    "side by side"
+    "each other (two GPUs of one type differ by a few percent: a ratio far above that still stands, a "
+    "small one may not); validation rounds measure both side by side"
 )
 
 
@@ -167,7 +167,8 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
                 ended_min=(t.datetime_complete - t0).total_seconds() / 60
                 if t0 is not None and t.datetime_complete is not None
                 else None,
-                other_device=base_record is not None
+                other_device=complete
+                and base_record is not None
                 and _measured(record, records).same_device(base_record) is False,
             )
         )

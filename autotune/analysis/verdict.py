@@ -67,11 +67,10 @@ class Verdict:
         baseline_slo_misses: Serve mode: the SLOs vLLM's defaults missed in these rounds
             (``{metric: median ms}``); then "keep the defaults" cannot be followed.
         baseline_search_value: The baseline's value in the search (its one run there).
-        devices: How many GPUs (or machines, without GPUs) the rounds ran on, where recorded
-            (0: none recorded, as in studies of earlier releases).
-        mixed_rounds: Rounds (numbered from 1, as shown) in which a config and vLLM's defaults
-            ran on different devices: such a round's ratio sets two devices' figures against each
-            other (rounds run in parallel on several GPUs, or one cut off and finished elsewhere).
+        mixed_rounds: ``(trial, round)`` pairs (rounds numbered from 1, as shown) whose ratio
+            sets two devices' figures against each other: that config and vLLM's defaults were
+            measured on different GPUs or machines in that round (rounds run in parallel on
+            several GPUs, or one cut off and finished elsewhere).
     """
 
     rounds: int
@@ -83,8 +82,7 @@ class Verdict:
     verdict: str
     baseline_slo_misses: dict[str, float] = field(default_factory=dict)
     baseline_search_value: float | None = None
-    devices: int = 0
-    mixed_rounds: tuple[int, ...] = ()
+    mixed_rounds: tuple[tuple[int, int], ...] = ()
 
     @property
     def winning(self) -> CandidateResult | None:
@@ -326,28 +324,26 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
                 round_compile_caches=tuple(by_round.get(r) for r in rounds),  # aligned with values
             )
         )
-    records = {m.number: TrialRecord.of(rounds_run[m.number]) for m in found}
-    base_of = {m.round: records[m.number] for m in found if m.validates == base.number}
+    # a ratio of two measurements on different devices: both measured, both devices known
+    measured = [m for m in found if m.value is not None]
+    base_of = {m.round: TrialRecord.of(rounds_run[m.number]) for m in measured if m.validates == base.number}
     mixed = tuple(
-        r + 1
-        for r in rounds
-        if any(
-            records[m.number].same_device(base_of[r]) is False
-            for m in found
-            if m.round == r and m.validates != base.number
-        )
+        (m.validates, m.round + 1)
+        for m in sorted(measured, key=lambda m: (m.validates, m.round))
+        if m.validates != base.number
+        and m.round in base_of
+        and TrialRecord.of(rounds_run[m.number]).same_device(base_of[m.round]) is False
     )
     text = verdict.verdict
     if mixed:
         text += (
-            f"; in round(s) {', '.join(map(str, mixed))} a config and vLLM's defaults ran on different GPUs "
-            "or machines (two GPUs of one type differ by a few percent)"
+            f"; {', '.join(f'#{n} in round {r}' for n, r in mixed)} measured on another GPU or machine than "
+            "vLLM's defaults in that round (two GPUs of one type differ by a few percent)"
         )
     return replace(
         verdict,
         candidates=tuple(searched),
         baseline_search_value=base_value,
-        devices=len({k for m in found if m.round in base_of and (k := records[m.number].device_key)}),
         mixed_rounds=mixed,
         verdict=text,
     )

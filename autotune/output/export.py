@@ -124,7 +124,9 @@ def build_export(
         "validation": _validation(
             verdict,
             instead_of_defaults,
-            other_device=base_record is not None and record.same_device(base_record) is False,
+            other_device=base_record is not None
+            and record.same_device(base_record) is False
+            and (verdict is None or not verdict.rounds),
         ),
         # what the winner does to the model's outputs: measured against the baseline, or named
         "quality": quality_of(record, settings.quality_budget, settings.fixed),
@@ -192,13 +194,14 @@ def _validation(
 ) -> dict[str, Any]:
     """The export's ``validation`` entry; ``instead_of_defaults``: the trial exported because vLLM's
     defaults miss an SLO (a verdict of "keep the defaults" cannot be followed); ``other_device``:
-    the exported trial ran on another device than vLLM's defaults (said where not validated)."""
+    the exported trial's speedup is its search run's, on another device than vLLM's defaults."""
     out = _verdict_entry(verdict)
-    if verdict is None and other_device:
+    if other_device:
         from autotune.analysis.records import OTHER_DEVICE
 
         out["other_device"] = True
-        out["message"] += f"; the config was {OTHER_DEVICE}"
+        note = f"the exported config was {OTHER_DEVICE}"
+        out["message"] = f"{out['message']}; {note}" if out.get("message") else note
     if verdict is not None and verdict.winner is None and instead_of_defaults is not None:
         out["note"] = (
             f"vLLM's defaults miss an SLO of the study: exported trial #{instead_of_defaults} instead, "

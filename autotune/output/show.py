@@ -150,11 +150,6 @@ def _validation_lines(v: dict[str, Any] | None) -> list[str]:
     if rows:
         header = ["config of", "speedup", "95 % CI", "each round (x defaults)", "search run"]
         lines.append(indent(table(header, rows)))
-    if (devices := v.get("devices") or 0) > 1 and not v.get("mixed_rounds"):
-        lines.append(
-            f"  the rounds ran on {devices} GPUs or machines, each round's configs on one (each ratio "
-            "compares measurements of one device)"
-        )
     if gaps := search_gaps(v):
         lines.append("  the search's one run and the rounds disagree beyond the noise:")
         lines.extend(f"    {g}" for g in gaps)

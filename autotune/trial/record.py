@@ -232,15 +232,6 @@ class TrialRecord:
         from the sampler."""
         return self.role is not Role.SAMPLED or self.retry_of is not None or self.validates is not None
 
-    @property
-    def device_key(self) -> tuple[str, ...] | None:
-        """Where it ran, as a key: its GPUs' UUIDs, else ``host:NAME``; None where unknown (a
-        trial of an earlier release, or one that never launched)."""
-        if uuids := self.machine.get("gpu_uuids"):
-            return tuple(sorted(uuids))
-        host = self.machine.get("host")
-        return (f"host:{host}",) if host else None
-
     def same_device(self, other: TrialRecord) -> bool | None:
         """Whether it ran on the same device as ``other``: the same GPUs where both know theirs,
         the same host where neither ran on a GPU NVML could name; None where that is unknown."""
