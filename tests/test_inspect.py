@@ -12,7 +12,7 @@ import pytest
 
 from autotune.analysis.records import trial_rows
 from autotune.errors import StudyError
-from autotune.output.listing import format_list, list_studies, storage_urls
+from autotune.output.listing import format_list, list_studies, storage_urls, summarize_study
 from autotune.output.show import format_show, show_doc
 from autotune.study.lifecycle import open_study
 from tests.synthetic import DEFAULTS, make_study
@@ -179,7 +179,7 @@ def test_show_marks_trials_measured_on_another_device_than_the_baseline():
     assert [rows[n].other_device for n in range(5)] == [False, False, True, False, True]  # 3: unknown
     doc = show_doc(study)
     text = format_show(doc)
-    assert "[other device]: #2, #4 ran on another GPU or machine than the baseline" in text
+    assert "[other device]: #2, #4 measured on another GPU or machine than vLLM's defaults" in text
     assert [t["other_device"] for t in doc["trials"]] == [False, False, True, False, True]
     assert doc["best"]["trial"] == 2 and doc["best"]["other_device"]
     assert f"  ({OTHER_DEVICE})" in text
@@ -187,6 +187,9 @@ def test_show_marks_trials_measured_on_another_device_than_the_baseline():
     assert OTHER_DEVICE in _validation(None, other_device=True)["message"]
     html = trials_html(list(rows.values()), {}, Path("."))
     assert html.count("(other device)") == 2 and "×1.243 (other device)" in html
+    listed = summarize_study(study, "mem")
+    assert listed.other_device and "x1.243 (other device)" in format_list([listed])
+    assert f"(other device): the best's run was {OTHER_DEVICE}" in format_list([listed])
 
     # where one side's GPUs are unknown (NVML failed there), or the baseline's machine is, it
     # says nothing either way; GPUs unknown on both sides compare by host
@@ -198,6 +201,7 @@ def test_show_marks_trials_measured_on_another_device_than_the_baseline():
         study = _with_machines(synthetic, machines)
         assert not any(r.other_device for r in trial_rows(study))
         assert "[other device]" not in format_show(show_doc(study))
+        assert "(other device)" not in format_list([summarize_study(study, "mem")])
         assert OTHER_DEVICE not in format_summary(summary(study))
     study = _with_machines(synthetic, {0: {"host": "cpu-a"}, 2: {"host": "cpu-b"}})
     assert [r.number for r in trial_rows(study) if r.other_device] == [2]

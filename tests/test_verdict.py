@@ -99,6 +99,41 @@ def test_a_search_run_the_rounds_contradict_is_named_with_its_compile_cache(tmp_
     assert gap.startswith("#10: x1.202 in its search run, x1.120 validated (-6.8%)") and "miss" in gap
 
 
+def test_a_gap_names_a_search_run_measured_on_another_device(tmp_path) -> None:
+    """The H200 study of 2026-12-06 as if #10's search run had been on another GPU than the
+    search's baseline, and the rounds on a third."""
+    import json
+    import shutil
+    import sqlite3
+    from pathlib import Path
+
+    import optuna
+
+    from autotune.analysis.verdict import search_gaps, study_verdict
+    from autotune.study.validation import load_validation
+
+    db = tmp_path / "s7b.db"
+    shutil.copy(Path(__file__).parents[1] / "benchmarks/results/h200-2026-12-06-study/s7b.db", db)
+    url = f"sqlite:///{db}"
+    study = optuna.load_study(study_name="s7b", storage=url)
+    val = load_validation(study)
+    assert val is not None
+    gpu = {t._trial_id: "GPU-c" for t in val.get_trials(deepcopy=False)}
+    gpu |= {t._trial_id: "GPU-b" if t.number == 10 else "GPU-a" for t in study.get_trials(deepcopy=False)}
+    with sqlite3.connect(db) as con:
+        con.execute("DELETE FROM trial_user_attributes WHERE key = 'machine'")
+        con.executemany(
+            "INSERT INTO trial_user_attributes (trial_id, key, value_json) VALUES (?, ?, ?)",
+            [(i, "machine", json.dumps({"host": "h", "gpu_uuids": [g]})) for i, g in gpu.items()],
+        )
+    v = study_verdict(optuna.load_study(study_name="s7b", storage=url))
+    assert v is not None and v.baseline_elsewhere and v.mixed_rounds == ()
+    assert {c.trial: c.search_other_device for c in v.candidates} == {3: False, 10: True}
+    (gap,) = search_gaps(v.to_dict())
+    assert gap.startswith("#10: x1.202 in its search run") and "miss" in gap
+    assert "its search run was measured on another GPU or machine than vLLM's defaults" in gap
+
+
 def test_a_baseline_that_moved_is_said_once_not_blamed_on_every_config() -> None:
     from dataclasses import replace
 
@@ -109,6 +144,9 @@ def test_a_baseline_that_moved_is_said_once_not_blamed_on_every_config() -> None
     v = replace(v, baseline_search_value=8748.0, candidates=(replace(v.candidates[0], search_ratio=1.146),))
     (gap,) = search_gaps(v.to_dict())
     assert gap.startswith("vLLM's defaults: 8,748.0 in the search's baseline run, 8,252.6 here")
+    assert "another GPU" not in gap
+    (gap,) = search_gaps(replace(v, baseline_elsewhere=True).to_dict())
+    assert gap.endswith("(the rounds ran on another GPU or machine than the search's baseline run)")
     assert search_gaps(judge([1000.0, 1010.0], {1: [1200.0, 1212.0]}).to_dict()) == []  # no search figures
 
 

@@ -54,11 +54,14 @@ def searched_names(study: optuna.Study) -> list[str]:
     return names + extra
 
 
+#: where a measurement was taken, when it is not where vLLM's defaults were
+ANOTHER_DEVICE = "measured on another GPU or machine than vLLM's defaults"
+#: how far apart two devices measure one config
+DEVICE_SPREAD = "two GPUs of one type differ by a few percent"
 #: what is said of a ratio to vLLM's defaults measured on another device than the defaults
 OTHER_DEVICE = (
-    "measured on another GPU or machine than vLLM's defaults: the ratio sets two devices' figures against "
-    "each other (two GPUs of one type differ by a few percent: a ratio far above that still stands, a "
-    "small one may not); validation rounds measure both side by side"
+    f"{ANOTHER_DEVICE}: the ratio sets two devices' figures against each other ({DEVICE_SPREAD}: a "
+    "ratio far above that still stands, a small one may not); validation rounds measure both side by side"
 )
 
 
@@ -167,9 +170,7 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
                 ended_min=(t.datetime_complete - t0).total_seconds() / 60
                 if t0 is not None and t.datetime_complete is not None
                 else None,
-                other_device=complete
-                and base_record is not None
-                and _measured(record, records).same_device(base_record) is False,
+                other_device=complete and _measured(record, records).elsewhere_than(base_record),
             )
         )
     return rows

@@ -49,6 +49,8 @@ class CandidateResult:
     #: vLLM's compile cache (hit, miss, ...) in its search run, and in each of its rounds
     search_compile_cache: str | None = None
     round_compile_caches: tuple[str | None, ...] = ()
+    #: its search run and the search's baseline run were measured on different devices
+    search_other_device: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,9 @@ class Verdict:
             sets two devices' figures against each other: that config and vLLM's defaults were
             measured on different GPUs or machines in that round (rounds run in parallel on
             several GPUs, or one cut off and finished elsewhere).
+        baseline_elsewhere: vLLM's defaults ran on another device in a round than in the search
+            (a study resumed or validated on another machine): search ratios and rounds differ
+            by that too.
     """
 
     rounds: int
@@ -83,6 +88,7 @@ class Verdict:
     baseline_slo_misses: dict[str, float] = field(default_factory=dict)
     baseline_search_value: float | None = None
     mixed_rounds: tuple[tuple[int, int], ...] = ()
+    baseline_elsewhere: bool = False
 
     @property
     def winning(self) -> CandidateResult | None:
@@ -275,6 +281,7 @@ def _ms(misses: Mapping[str, float]) -> str:
 
 def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
     """The verdict of a study's validation rounds; None when it has none (not validated)."""
+    from autotune.analysis.records import ANOTHER_DEVICE, DEVICE_SPREAD
     from autotune.study.objectives import primary_value
     from autotune.study.settings import raw_settings
     from autotune.study.trials import baseline_trial
@@ -312,6 +319,7 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
         return TrialRecord.of(trial).startup.get("compile_cache")
 
     base_value = primary_value(trials[base.number])
+    search_base = TrialRecord.of(trials[base.number])
     searched = []
     for c in verdict.candidates:
         value = primary_value(trials[c.trial])
@@ -322,6 +330,7 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
                 search_ratio=value / base_value if value is not None and base_value else None,
                 search_compile_cache=cache(trials[c.trial]),
                 round_compile_caches=tuple(by_round.get(r) for r in rounds),  # aligned with values
+                search_other_device=TrialRecord.of(trials[c.trial]).elsewhere_than(search_base),
             )
         )
     # a ratio of two measurements on different devices: both measured, both devices known
@@ -331,31 +340,34 @@ def study_verdict(study: optuna.Study, *, seed: int = 0) -> Verdict | None:
         (m.validates, m.round + 1)
         for m in sorted(measured, key=lambda m: (m.validates, m.round))
         if m.validates != base.number
-        and m.round in base_of
-        and TrialRecord.of(rounds_run[m.number]).same_device(base_of[m.round]) is False
+        and TrialRecord.of(rounds_run[m.number]).elsewhere_than(base_of.get(m.round))
     )
     text = verdict.verdict
     if mixed:
         text += (
-            f"; {', '.join(f'#{n} in round {r}' for n, r in mixed)} measured on another GPU or machine than "
-            "vLLM's defaults in that round (two GPUs of one type differ by a few percent)"
+            f"; {', '.join(f'#{n} in round {r}' for n, r in mixed)} {ANOTHER_DEVICE} in that round "
+            f"({DEVICE_SPREAD})"
         )
     return replace(
         verdict,
         candidates=tuple(searched),
         baseline_search_value=base_value,
         mixed_rounds=mixed,
+        baseline_elsewhere=any(b.elsewhere_than(search_base) for b in base_of.values()),
         verdict=text,
     )
 
 
 def search_gaps(verdict: Mapping[str, Any]) -> list[str]:
     """Where a validated figure and the search's one run disagree beyond the rounds' noise, in
-    words: the config's and the baseline's figures, and the compile cache where it differed.
+    words: the config's and the baseline's figures, and the compile cache or the device where it
+    differed.
 
     Args:
         verdict: :meth:`Verdict.to_dict` (as an export or ``show --json`` holds it).
     """
+    from autotune.analysis.records import ANOTHER_DEVICE, DEVICE_SPREAD
+
     cv = verdict.get("noise_cv")
     limit = max(MIN_GAP, GAP_CVS * cv) if isinstance(cv, (int, float)) else MIN_GAP
     out = []
@@ -368,6 +380,11 @@ def search_gaps(verdict: Mapping[str, Any]) -> list[str]:
             out.append(
                 f"vLLM's defaults: {before:,.1f} in the search's baseline run, {now:,.1f} here "
                 f"(median, {now / before - 1:+.1%}): every search ratio is off by about that much"
+                + (
+                    " (the rounds ran on another GPU or machine than the search's baseline run)"
+                    if verdict.get("baseline_elsewhere")
+                    else ""
+                )
             )
     for c in verdict.get("candidates") or ():
         was, now = c.get("search_ratio"), c.get("median")
@@ -387,6 +404,8 @@ def search_gaps(verdict: Mapping[str, Any]) -> list[str]:
                 f"{'/'.join(sorted(set(rounds)))} in the rounds "
                 "(a loaded compiled graph can run at another speed than a fresh compile)"
             )
+        if c.get("search_other_device"):
+            text += f"; its search run was {ANOTHER_DEVICE} in the search ({DEVICE_SPREAD})"
         out.append(text)
     return out
 

@@ -124,9 +124,7 @@ def build_export(
         "validation": _validation(
             verdict,
             instead_of_defaults,
-            other_device=base_record is not None
-            and record.same_device(base_record) is False
-            and (verdict is None or not verdict.rounds),
+            other_device=record.elsewhere_than(base_record) and (verdict is None or not verdict.rounds),
         ),
         # what the winner does to the model's outputs: measured against the baseline, or named
         "quality": quality_of(record, settings.quality_budget, settings.fixed),

@@ -9,14 +9,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune._logging import get_logger
+from autotune.analysis.records import OTHER_DEVICE
 from autotune.analysis.verdict import study_verdict
 from autotune.errors import AutotuneError, StorageError, StudyError
 from autotune.output.text import fmt, table
 from autotune.study.budget import counted_trials
 from autotune.study.objectives import primary_value
 from autotune.study.settings import budget, raw_settings
-from autotune.study.trials import baseline_value, best_or_none, ratio
+from autotune.study.trials import baseline_trial, best_or_none, ratio
 from autotune.study.validation import is_validation_study
+from autotune.trial.record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna
@@ -41,6 +43,8 @@ class StudySummary:
     best_trial: int | None = None
     baseline_value: float | None = None
     speedup: float | None = None
+    #: the best's run and the baseline's ran on different devices: ``speedup`` compares two devices
+    other_device: bool = False
     #: the verdict of its validation rounds (:meth:`~autotune.analysis.verdict.Verdict.to_dict`)
     validation: dict[str, Any] | None = None
 
@@ -69,7 +73,8 @@ def summarize_study(study: optuna.Study, storage: str) -> StudySummary:
     for t in trials:
         counts[t.state.name] = counts.get(t.state.name, 0) + 1
     best = best_or_none(study) if counts["COMPLETE"] else None
-    base_value = baseline_value(study)
+    base = baseline_trial(study)
+    base_value = primary_value(base) if base is not None else None
     starts = [t.datetime_start for t in trials if t.datetime_start is not None]
     return StudySummary(
         name=study.study_name,
@@ -84,6 +89,9 @@ def summarize_study(study: optuna.Study, storage: str) -> StudySummary:
         best_trial=best.number if best is not None else None,
         baseline_value=base_value,
         speedup=ratio(primary_value(best), base_value) if best is not None else None,
+        other_device=best is not None
+        and base is not None
+        and TrialRecord.of(best).elsewhere_than(TrialRecord.of(base)),
         validation=_validation(study) if settings else None,
         vllm=f"{settings.get('distribution', '')} {settings.get('vllm_version', '')}".strip(),
         started=min(starts).isoformat(timespec="seconds") if starts else None,
@@ -180,6 +188,8 @@ def format_list(summaries: Sequence[StudySummary]) -> str:
     for s in summaries:
         best = f"{fmt(s.best_value)} (#{s.best_trial})" if s.best_value is not None else "-"
         speed = f"x{s.speedup:.3f}" if s.speedup is not None else "-"
+        if s.speedup is not None and s.other_device:
+            speed += " (other device)"
         counts = [str(s.counts.get(k, 0)) for k in ("COMPLETE", "PRUNED", "FAIL")]
         other = s.n_trials - sum(int(c) for c in counts)
         trials = f"{s.n_trials}" + (f" ({other} running/waiting)" if other else "")
@@ -189,4 +199,6 @@ def format_list(summaries: Sequence[StudySummary]) -> str:
     text = table(headers, rows, right={1, 2, 3, 4, 5, 6, 7})
     if several:
         text += "\n\n" + "\n".join(f"{s.name}: {s.storage}" for s in summaries)
+    if any(s.other_device and s.speedup is not None for s in summaries):
+        text += f"\n\n(other device): the best's run was {OTHER_DEVICE}"
     return text

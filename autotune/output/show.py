@@ -286,8 +286,5 @@ def format_show(doc: dict[str, Any]) -> str:
         )
     )
     if others := [r["number"] for r in doc["trials"] if r.get("other_device")]:
-        lines.append(
-            f"[other device]: {_numbers(others)} ran on another GPU or machine than the baseline; two GPUs "
-            "of one type measure the same config a few percent apart, so their x base is not a speedup"
-        )
+        lines.append(f"[other device]: {_numbers(others)} {OTHER_DEVICE}")
     return "\n".join(lines)

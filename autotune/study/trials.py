@@ -111,7 +111,7 @@ def summary(study: optuna.Study) -> dict[str, Any]:
     out["baseline_value"] = primary_value(base) if base is not None else None
     out["speedup_over_baseline"] = ratio(primary_value(best), out["baseline_value"])
     # its one run and the baseline's on different GPUs or machines: the ratio is no speedup
-    out["other_device"] = base is not None and TrialRecord.of(best).same_device(TrialRecord.of(base)) is False
+    out["other_device"] = base is not None and TrialRecord.of(best).elsewhere_than(TrialRecord.of(base))
     return out
 
 

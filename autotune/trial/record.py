@@ -243,6 +243,10 @@ class TrialRecord:
         host, other_host = self.machine.get("host"), other.machine.get("host")
         return host == other_host if host and other_host else None
 
+    def elsewhere_than(self, other: TrialRecord | None) -> bool:
+        """Known to have run on another device than ``other``: False where either is unknown."""
+        return other is not None and self.same_device(other) is False
+
     def slot(self, **changes: Any) -> TrialRecord:
         """What identifies the config of a queued trial (its role, an enqueued config, the
         validation slot), with ``changes``: the record to queue it again with."""

@@ -28,6 +28,11 @@ def _nvml() -> Any | None:
         return None
 
 
+def _text(value: bytes | str) -> str:
+    """An NVML string: bytes in older nvidia-ml-py releases, str in newer ones."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def visible_device_ids() -> list[int]:
     """NVML indices of the GPUs this process may use (``CUDA_VISIBLE_DEVICES``), [] without NVML."""
     nvml = _nvml()
@@ -66,7 +71,7 @@ def machine(device_ids: list[int]) -> dict[str, Any]:
         except Exception as e:
             _logger.debug("NVML UUID of GPU %d unavailable: %s", i, e)
             return out
-        uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
+        uuids.append(_text(uuid))
     out["gpu_uuids"] = uuids
     return out
 
@@ -79,7 +84,7 @@ def gpu_names(ids: list[int]) -> list[str]:
     for i in ids:
         try:
             name = nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))
-            names.append(name.decode() if isinstance(name, bytes) else str(name))
+            names.append(_text(name))
         except Exception:
             names.append("unknown")
     return names

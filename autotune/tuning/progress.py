@@ -188,7 +188,7 @@ class Progress:
         base_value = primary_value(base) if base is not None else None
         value = primary_value(trial)
         if trial.state == optuna.trial.TrialState.COMPLETE and value is not None:
-            elsewhere = base is not None and record.same_device(TrialRecord.of(base)) is False
+            elsewhere = base is not None and record.elsewhere_than(TrialRecord.of(base))
             against = "the defaults' run on another device" if elsewhere else "defaults"
             speed = f" (x{value / base_value:.2f} vs {against})" if base_value else ""
             what = f"{value:,.1f} {self.objective}{speed}"

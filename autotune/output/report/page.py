@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from autotune._logging import get_logger
-from autotune.analysis.records import TrialRow, trial_rows
+from autotune.analysis.records import ANOTHER_DEVICE, TrialRow, trial_rows
 from autotune.analysis.verdict import noise_pct, search_gaps
 from autotune.atomic import write_text_atomic
 from autotune.errors import ReportError
@@ -71,7 +71,7 @@ def _headline(doc: dict[str, Any], objective: str) -> str:
         headline += (
             f" — ×{best['speedup_over_baseline']:.3f} over vLLM's defaults ({fmt_value(base['value'])}; "
             "one measurement each, not validated"
-            + ("; on another GPU or machine than the defaults)" if best.get("other_device") else ")")
+            + (f"; {ANOTHER_DEVICE})" if best.get("other_device") else ")")
         )
     return headline
 
