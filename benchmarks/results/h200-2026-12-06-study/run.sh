@@ -6,12 +6,15 @@
 # On an H100 it resumes the validated 15-trial 7B study of ../h100-2026-12-06-validation towards
 # 30 trials (RESUME=FILE names another copy); on an H200 it starts the same study afresh, or resumes
 # RESUME=FILE (a study an earlier session ran: more trials towards 30 on a fresh machine).
+# FRESH=1 starts a fresh study on either card (today's informed start from the first trial).
 set -u
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 step=$1; shift
 mkdir -p /tmp/st
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-if [ ! -f /tmp/st/s7b.db ]; then
+if [ ! -f /tmp/st/s7b.db ] && [ -n "${FRESH:-}" ]; then
+  touch /tmp/st/s7b.db && echo "$gpu: a fresh study (FRESH=1)"
+elif [ ! -f /tmp/st/s7b.db ]; then
   case "$gpu" in
   *H100*) src=${RESUME:-benchmarks/results/h100-2026-12-06-validation/s7b.db}
           cp "$src" /tmp/st/s7b.db && echo "$gpu: study copied from $src" ;;
