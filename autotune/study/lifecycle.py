@@ -95,6 +95,9 @@ def create_or_resume(
         StudyError: a new study without a model, or a resume whose command line conflicts.
     """
     existing = load_existing(name, storage)
+    if existing is not None and not existing.user_attrs and not existing.get_trials(deepcopy=False):
+        # created a moment ago by a worker started beside this one, whose settings are on their way
+        _wait_for_settings(name, storage)
     if existing is not None:
         stored = stored_settings(existing)
         if settings is not None:
@@ -122,14 +125,22 @@ def create_or_resume(
     return study, settings, True
 
 
-def _wait_for_settings(name: str, storage: optuna.storages.BaseStorage, timeout_s: float = 30.0) -> None:
+#: how long a worker waits for the settings of a study another worker has just created
+SETTINGS_WAIT_S = 30.0
+
+
+def _wait_for_settings(name: str, storage: optuna.storages.BaseStorage) -> None:
+    timeout_s = SETTINGS_WAIT_S
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         study = load_existing(name, storage)
         if study is not None and SETTINGS_ATTR in study.user_attrs:
             return
         time.sleep(0.5)
-    raise StudyError(f"study {name!r} was created by another process that stored no settings")
+    raise StudyError(
+        f"study {name!r} exists but holds no vllm-autotune settings (whoever created it stored none "
+        f"within {timeout_s:g} s): give another --study name"
+    )
 
 
 def _check_compatible(name: str, stored: StudySettings, given: StudySettings) -> None:
