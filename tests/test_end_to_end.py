@@ -50,7 +50,12 @@ def test_run_prune_resume_export(tmp_path: Path, tiny_model: Path):
     trials = study.get_trials()
     assert len(trials) == 3
     baseline, oom, sampled = trials
-    assert baseline.user_attrs["autotune_role"] == "baseline" and baseline.params == {}
+    assert baseline.user_attrs["autotune_role"] == "baseline"
+    # it ran with vLLM's defaults and sets nothing; the sampler learns what vLLM resolved them to
+    resolved = baseline.user_attrs["engine"]
+    assert baseline.params["max_num_seqs"] == resolved["max_num_seqs"]
+    assert baseline.params["block_size"] == resolved["block_size"]
+    assert "max_num_seqs" not in baseline.user_attrs["engine_kwargs"]  # it ran as vLLM defaults it
     assert baseline.state == optuna.trial.TrialState.COMPLETE and baseline.value > 0
     assert baseline.user_attrs["metrics"]["output_tokens"] == 32 * 16  # ignore_eos: equal work
     assert baseline.user_attrs["engine"]["kv_cache_tokens"] > 0

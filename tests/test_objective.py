@@ -7,8 +7,9 @@ import optuna
 from autotune.space.load import load_space
 from autotune.study.lifecycle import enqueue_config
 from autotune.study.settings import StudySettings
-from autotune.trial.record import ROLE_ATTR
+from autotune.trial.record import ROLE_ATTR, Role, TrialRecord
 from autotune.tuning.objective import Objective
+from autotune.tuning.resolved import record_resolved, resolved_params
 
 
 def test_an_enqueued_config_runs_as_written_with_defaults_for_the_rest(engine, tmp_path: Path):
@@ -49,3 +50,80 @@ def test_an_enqueued_value_outside_a_categorical_runs_as_written_unrecorded(engi
     trial = study.ask()
     assert objective.config_for(trial) == {**space.fixed, **seed}
     assert trial.params == {"max_num_seqs": 512}
+
+
+#: vLLM's resolved config for the H100 baseline of benchmarks/results/h100-2026-12-07 (its ``engine``)
+H100_BASELINE_ENGINE = {
+    "block_size": 16,
+    "enable_prefix_caching": True,
+    "cache_dtype": "auto",
+    "gpu_memory_utilization": 0.92,
+    "max_num_seqs": 1024,
+    "max_num_batched_tokens": 16384,
+    "async_scheduling": True,
+    "long_prefill_token_threshold": 0,
+    "enforce_eager": False,
+    "quantization": None,
+    "max_cudagraph_capture_size": 512,
+}
+
+
+def test_a_queued_trial_tells_the_sampler_what_vllm_resolved_for_its_unset_parameters(engine, tmp_path: Path):
+    """The informed kv-fit config sets 2 keys; it ran with vLLM's values for the other 10, and TPE
+    must learn from them (with only 2 recorded, its group decomposition kept the trial apart)."""
+    space = load_space("throughput", engine, gpus=1)
+    study = optuna.create_study(direction="maximize")
+    informed = {"max_num_seqs": 234, "async_scheduling": True}
+    enqueue_config(study, informed, space.parameters, role=Role.INFORMED)
+    objective = Objective(
+        settings=StudySettings.__new__(StudySettings), space=space, study_dir=tmp_path, timeout_s=60
+    )
+    trial = study.ask()
+    kwargs = {"model": "m", **objective.config_for(trial)}
+    assert trial.params == informed
+    # vLLM derived CUDA graphs up to 468 (twice the batch): not a choice of the space, not recorded
+    resolved = {**H100_BASELINE_ENGINE, "max_num_seqs": 234, "max_cudagraph_capture_size": 468}
+    ran = TrialRecord(engine_kwargs=kwargs, engine=resolved)
+    recorded = record_resolved(trial, space.parameters, ran)
+    study.tell(trial, 9561.9)
+
+    done = study.trials[0]
+    unset = {p.name for p in space.parameters} - set(informed)
+    assert set(recorded) == unset - {"max_cudagraph_capture_size"}
+    assert done.params == {**informed, **recorded}
+    assert recorded["quantization"] is None and recorded["attention_backend"] is None  # left to vLLM
+    assert recorded["enforce_eager"] is False and recorded["gpu_memory_utilization"] == 0.92
+    assert recorded["block_size"] == 16 and recorded["kv_cache_dtype"] == "auto"  # engine: cache_dtype
+    for name, value in done.params.items():  # the space's own distributions: TPE models them together
+        assert done.distributions[name] == next(p for p in space.parameters if p.name == name).distribution()
+        assert next(p for p in space.parameters if p.name == name).contains(value)
+    # the config it ran with is unchanged: measured as written
+    assert TrialRecord.of(done).config == informed
+
+    sampled = study.ask()
+    assert record_resolved(sampled, space.parameters, ran) == {}  # a sampled trial has its params
+    assert resolved_params(space.parameters, TrialRecord(engine_kwargs=kwargs), {}) == {}  # no engine
+
+
+def test_the_baseline_records_every_parameter_vllm_resolved_inside_the_space(engine):
+    space = load_space("throughput", engine, gpus=1)
+    base = TrialRecord(role=Role.BASELINE, engine_kwargs={"model": "m"}, engine=H100_BASELINE_ENGINE)
+    values = resolved_params(space.parameters, base, {})
+    assert values == {
+        "gpu_memory_utilization": 0.92,
+        "kv_cache_dtype": "auto",
+        "quantization": None,
+        "attention_backend": None,
+        "block_size": 16,
+        "enable_prefix_caching": True,
+        "max_num_seqs": 1024,
+        "max_num_batched_tokens": 16384,
+        "long_prefill_token_threshold": 0,
+        "enforce_eager": False,
+        "max_cudagraph_capture_size": 512,
+        "async_scheduling": True,
+    }
+    # outside a range, or off a categorical's choices: not recorded
+    odd = {**H100_BASELINE_ENGINE, "max_num_seqs": 4096, "block_size": 8, "cache_dtype": "fp8_e5m2"}
+    values = resolved_params(space.parameters, TrialRecord(engine_kwargs={}, engine=odd), {})
+    assert not {"max_num_seqs", "block_size", "kv_cache_dtype"} & set(values)

@@ -77,7 +77,9 @@ def test_two_workers_share_the_budget_and_a_killed_one_loses_nothing(
     retry = [t for t in trials if t.user_attrs.get(RETRY_ATTR) == killed.number]
     assert len(retry) == 1 and retry[0].state != optuna.trial.TrialState.WAITING  # its config ran again
     assert "heartbeats" in retry[0].user_attrs["autotune_retry_reason"]
-    assert retry[0].params == killed.params
+    # the same config; a queued one (the baseline, say) adds what vLLM resolved for the rest
+    assert killed.params.items() <= retry[0].params.items()
+    assert TrialRecord.of(retry[0]).engine_kwargs == TrialRecord.of(killed).engine_kwargs
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
 
     # the budget is global: exactly BUDGET trials used it, whichever worker ran them

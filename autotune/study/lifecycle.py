@@ -31,7 +31,8 @@ def make_sampler(
         return optuna.samplers.TPESampler(
             seed=(seed + n_existing + 1_000_003 * worker) % 2**32,
             multivariate=True,
-            # the baseline trial has no params; grouping keeps it from emptying the joint space
+            # a queued trial lacks the params vLLM resolved outside the space (and all of them
+            # while it runs); grouping keeps such a trial from emptying the joint space
             group=True,
             n_startup_trials=n_startup_trials,
             constant_liar=True,

@@ -29,6 +29,7 @@ from autotune.trial.runner import write_skipped
 from autotune.tuning.informed import informed_configs
 from autotune.tuning.measure import Measuring, TrialFailed, record_slot, start, value_of
 from autotune.tuning.placement import Slot
+from autotune.tuning.resolved import record_resolved
 
 _logger = get_logger(__name__)
 
@@ -158,6 +159,7 @@ class Objective(Measuring):
 
     def _run(self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
         result = self.measure(trial, engine_kwargs, trial_dir, slot)
+        record_resolved(trial, self.space.parameters, result)  # a queued trial's unset params
         if (
             self.informed_start
             and result.outcome is Outcome.SUCCESS

@@ -207,7 +207,8 @@ class Progress:
             else "no completed trial yet"
         )
         eta = self._eta(max(0, self.budget - counted))
-        params = record.searched_config or trial.params
+        # what the trial set: a queued one's params also hold what vLLM resolved for the rest
+        params = trial.params if record.role is Role.SAMPLED else (record.config or {})
         _logger.info(
             "trial %d/%d [#%d%s] %s | %s | %s | %s | ETA %s",
             counted,

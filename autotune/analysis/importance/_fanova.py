@@ -37,10 +37,11 @@ def _merge(dists: list[Any]) -> Any | None:
 def fanova_importance(
     study: optuna.Study, *, min_finished: int = MIN_FINISHED, seed: int = 0
 ) -> FanovaResult:
-    """Optuna's fANOVA over the parameters every finished sampled trial has, normalised to sum 1.
+    """Optuna's fANOVA over the parameters every finished trial has, normalised to sum 1.
 
-    The baseline (no params) and trials of older spaces are what ``params=`` must exclude, so it
-    runs on an in-memory copy holding just those trials and the merged distributions.
+    A trial without params (a baseline of a study from before queued trials recorded what vLLM
+    resolved) and trials of older spaces are what ``params=`` must exclude, so it runs on an
+    in-memory copy holding just those trials and the merged distributions.
     """
     import optuna
     from optuna.importance import FanovaImportanceEvaluator
@@ -52,7 +53,7 @@ def fanova_importance(
     ]
     if len(trials) < min_finished:
         return FanovaResult(
-            "too_few", f"{len(trials)} finished sampled trial(s); fANOVA needs {min_finished}", len(trials)
+            "too_few", f"{len(trials)} finished trial(s); fANOVA needs {min_finished}", len(trials)
         )
     common = set.intersection(*(set(t.params) for t in trials))
     merged = {n: _merge([t.distributions[n] for t in trials]) for n in sorted(common)}
@@ -77,7 +78,7 @@ def fanova_importance(
     total = float(sum(raw.values()))
     shares = {n: (float(v) / total if total > 0 else 0.0) for n, v in raw.items()}
     return FanovaResult(
-        "ok", f"fANOVA (Optuna, 64 trees) on {len(trials)} finished sampled trials", len(trials), shares
+        "ok", f"fANOVA (Optuna, 64 trees) on {len(trials)} finished trials", len(trials), shares
     )
 
 
