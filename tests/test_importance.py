@@ -160,3 +160,40 @@ def test_real_h200_study(tmp_path):
     assert report.fanova.status == "ok" and report.fanova.n_trials == 11
     assert any("counted as invalid" in n for n in report.notes)
     json.dumps(report.to_dict(), allow_nan=False)
+
+
+def test_a_baseline_that_records_none_as_a_choice_stays_in_the_table():
+    """A queued trial records what vLLM resolved (``tuning/resolved.py``); ``quantization=None`` is
+    a choice there (vLLM decides), not a missing value, so the baseline is not left out."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    from autotune.study.settings import SETTINGS_ATTR, StudySettings
+    from autotune.trial.record import ROLE_ATTR
+
+    space = {
+        "name": "s",
+        "fixed": {},
+        "parameters": {
+            "quantization": {"type": "categorical", "choices": [None, "fp8"]},
+            "max_num_seqs": {"type": "int", "low": 16, "high": 1024, "log": True},
+        },
+        "constraints": [],
+    }
+    dists = {
+        "quantization": CategoricalDistribution([None, "fp8"]),
+        "max_num_seqs": IntDistribution(16, 1024, log=True),
+    }
+    study = optuna.create_study(direction="maximize")
+    settings = StudySettings(model="m", workload={"kind": "synthetic"}, space=space, vllm_version="0.0-test")
+    study.set_user_attr(SETTINGS_ATTR, settings.to_dict())
+    for i, (quant, seqs, value) in enumerate([(None, 256, 100.0), ("fp8", 512, 150.0), (None, 64, 80.0)]):
+        params = {"quantization": quant, "max_num_seqs": seqs}
+        attrs = {ROLE_ATTR: "baseline" if i == 0 else "sampled", "outcome": "success"}
+        attrs["engine"] = {"max_num_seqs": seqs, "quantization": quant}
+        attrs["engine_kwargs"] = {"model": "m"} if i == 0 else {"model": "m", **params}
+        study.add_trial(
+            optuna.trial.create_trial(params=params, distributions=dists, value=value, user_attrs=attrs)
+        )
+    table = trial_table(study)
+    assert 0 in table.numbers
+    assert not [n for n in table.notes if "left out" in n]

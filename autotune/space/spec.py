@@ -33,20 +33,6 @@ class ParamSpec:
             return any(value == c and type(value) is type(c) for c in self.choices)
         return True
 
-    def contains(self, value: Any) -> bool:
-        """Whether ``value`` lies in this parameter's range and on its step (a choice: always)."""
-        if self.type not in ("int", "float"):
-            return True
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        assert self.low is not None and self.high is not None
-        if not self.low <= value <= self.high:
-            return False
-        if self.type == "int":
-            return isinstance(value, int) and (value - int(self.low)) % int(self.step or 1) == 0
-        steps = (value - self.low) / self.step if self.step else 0.0
-        return abs(steps - round(steps)) < 1e-6
-
     def distribution(self) -> optuna.distributions.BaseDistribution:
         """The Optuna distribution :meth:`suggest` draws from."""
         from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution

@@ -159,7 +159,6 @@ class Objective(Measuring):
 
     def _run(self, trial: optuna.Trial, engine_kwargs: dict[str, Any], trial_dir: Path, slot: Slot) -> float:
         result = self.measure(trial, engine_kwargs, trial_dir, slot)
-        record_resolved(trial, self.space.parameters, result)  # a queued trial's unset params
         if (
             self.informed_start
             and result.outcome is Outcome.SUCCESS
@@ -170,6 +169,7 @@ class Objective(Measuring):
             # a config that misses an SLO is kept with its latencies; Optuna's best is feasible
             set_constraints(trial, result.metrics, self.settings.slos)
         self._retry_cold(trial, result)
+        record_resolved(trial, self.space, result)  # a queued trial's unset params, for the sampler
         if "warmup" in result.phases_s:
             self._warm = True
         return value_of(result, self.settings.values)

@@ -9,10 +9,12 @@ held fp8 weights 0 times in 40 while the study's best ran with them, 40 times in
 queued trials' resolved values were recorded (``benchmarks/results/h100-2026-12-07-validated``).
 
 Once such a trial's engine has started, its resolved config (the record's ``engine``) says what
-each unset parameter was, and that value is recorded as the trial's param. A parameter vLLM
-resolved to a value outside the space (e.g. CUDA graphs up to 468 where the space offers 256,
-512 and 1,024) stays unrecorded; a categorical whose choices hold None (vLLM decides) records None
-where vLLM's config does not name it.
+each unset parameter was, and that value is recorded as the trial's param, a number outside its
+range included (as Optuna records an enqueued one). A value off a categorical's choices (e.g.
+CUDA graphs up to 468 where the space offers 256, 512 and 1,024) stays unrecorded; a categorical
+whose choices hold None (vLLM decides) records None where vLLM's config does not name it. A
+config that sets what the sampler cannot see (an engine arg neither searched nor fixed, a value
+outside a categorical's choices) records nothing more: its speed is not the searched values' doing.
 """
 
 from __future__ import annotations
@@ -24,20 +26,23 @@ import optuna
 
 from autotune._logging import get_logger
 from autotune.analysis.records import ENGINE_ALIASES
-from autotune.space.spec import ParamSpec
+from autotune.space.spec import ParamSpec, SearchSpace
 from autotune.trial.record import Role, TrialRecord
 
 _logger = get_logger(__name__)
 
 
 def resolved_params(
-    parameters: Sequence[ParamSpec], record: TrialRecord, known: dict[str, Any]
+    parameters: Sequence[ParamSpec], record: TrialRecord, known: dict[str, Any], fixed: dict[str, Any]
 ) -> dict[str, Any]:
     """Values for the searched parameters missing from ``known`` (the trial's params) that
-    ``record``'s config left to vLLM, as vLLM resolved them; none before the engine started."""
+    ``record``'s config left to vLLM, as vLLM resolved them; none before the engine started, and
+    none where the config set an engine arg that is neither a recorded param nor in ``fixed``."""
     if not record.engine:
         return {}
     kwargs = record.engine_kwargs or {}
+    if set(kwargs) - {"model"} - set(fixed) - set(known):
+        return {}  # it set an arg the sampler cannot see, or a value off the space's choices
     out: dict[str, Any] = {}
     for p in parameters:
         if p.name in known or p.name in kwargs:  # set by the config: recorded, or outside the space
@@ -51,29 +56,31 @@ def resolved_params(
             continue
         if value is not None and p.type == "int" and isinstance(value, float) and value.is_integer():
             value = int(value)
-        if p.records(value) and p.contains(value):
+        if p.records(value):
             out[p.name] = value
     return out
 
 
-def record_resolved(
-    trial: optuna.Trial, parameters: Sequence[ParamSpec], result: TrialRecord
-) -> dict[str, Any]:
+def record_resolved(trial: optuna.Trial, space: SearchSpace, result: TrialRecord) -> dict[str, Any]:
     """Record :func:`resolved_params` as ``trial``'s params (a queued trial only: a sampled one has
-    them all). Returns what was recorded."""
+    them all). Returns what was recorded; a failure to record costs the sampler those values, never
+    the trial its measurement."""
     if TrialRecord.of(trial).role is Role.SAMPLED:
         return {}
-    values = resolved_params(parameters, result, trial.params)
-    recorded = {}
-    for name, value in values.items():
-        dist = next(p for p in parameters if p.name == name).distribution()
-        # Optuna records a param only through suggest_*, which would sample one not fixed when the
-        # trial was queued; the storage's own API records the value the trial ran with instead
-        try:
+    recorded: dict[str, Any] = {}
+    try:
+        for name, value in resolved_params(space.parameters, result, trial.params, space.fixed).items():
+            dist = next(p for p in space.parameters if p.name == name).distribution()
+            # Optuna records a param only through suggest_*, which would sample one not fixed when
+            # the trial was queued; the storage's own API records the value it ran with instead
             trial.storage.set_trial_param(trial._trial_id, name, dist.to_internal_repr(value), dist)
-        except (ValueError, RuntimeError) as e:  # another distribution stored under the name, a
-            # trial another worker has finished: the measurement stands, the sampler misses a value
-            _logger.debug("trial #%d: %s=%r not recorded: %s", trial.number, name, value, e)
-            continue
-        recorded[name] = value
+            recorded[name] = value
+    except Exception as e:  # a storage error, a trial another worker has finished, ...
+        _logger.warning(
+            "trial #%d: the values vLLM resolved for its unset parameters were not all recorded for "
+            "the sampler (%s: %s); its measurement stands",
+            trial.number,
+            type(e).__name__,
+            e,
+        )
     return recorded

@@ -249,7 +249,10 @@ def trial_table(study: optuna.Study) -> TrialTable:
     kept: list[tuple[optuna.trial.FrozenTrial, str]] = []
     for t, kind in rows:
         values = {n: resolved_value(t, n, defaults) for n in names}
-        if TrialRecord.of(t).role is Role.BASELINE and any(v is None for v in values.values()):
+        # None recorded as a param is a choice (vLLM decides: quantization, attention backend)
+        if TrialRecord.of(t).role is Role.BASELINE and any(
+            v is None and n not in t.params for n, v in values.items()
+        ):
             notes.append(f"baseline trial #{t.number} left out: its resolved config lacks some parameters")
             continue
         raw_rows.append(values)

@@ -42,13 +42,18 @@ def specs(study: optuna.Study) -> list[ParamSpec]:
     return out
 
 
-def copy(trials: list[optuna.trial.FrozenTrial], parameters: list[ParamSpec], resolved: bool) -> optuna.Study:
+def copy(
+    trials: list[optuna.trial.FrozenTrial],
+    parameters: list[ParamSpec],
+    fixed: dict[str, object],
+    resolved: bool,
+) -> optuna.Study:
     study = optuna.create_study(direction="maximize")
     for t in trials:
         params, dists = dict(t.params), dict(t.distributions)
         record = TrialRecord.of(t)
         if resolved and record.role is not Role.SAMPLED:
-            for name, value in resolved_params(parameters, record, params).items():
+            for name, value in resolved_params(parameters, record, params, fixed).items():
                 params[name] = value
                 dists[name] = next(p for p in parameters if p.name == name).distribution()
         study.add_trial(
@@ -69,6 +74,7 @@ def main() -> None:
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     source = optuna.load_study(study_name=name, storage=f"sqlite:///{db}")
     parameters = specs(source)
+    fixed = raw_settings(source)["space"].get("fixed") or {}
     dists = {p.name: p.distribution() for p in parameters}
     trials = [
         t
@@ -82,7 +88,7 @@ def main() -> None:
     for resolved in (False, True):
         picks = []
         for seed in range(draws):
-            study = copy(trials, parameters, resolved)
+            study = copy(trials, parameters, fixed, resolved)
             study.sampler = make_sampler(seed, len(trials))
             picks.append(study.ask(dists).params)
 
