@@ -13,6 +13,7 @@ import pytest
 from autotune.analysis.importance import (
     ImportanceReport,
     compute_importance,
+    fanova_importance,
     format_table,
     importance_section,
     infeasible_kind,
@@ -197,3 +198,22 @@ def test_a_baseline_that_records_none_as_a_choice_stays_in_the_table():
     table = trial_table(study)
     assert 0 in table.numbers
     assert not [n for n in table.notes if "left out" in n]
+
+
+def test_fanova_holds_a_queued_trial_whose_resolved_value_lies_outside_the_range():
+    """vLLM's default may lie outside a narrowed range; the queued trial records it (as Optuna
+    records an enqueued number) and fANOVA's copy of the study must still take it."""
+    from tests.synthetic import DISTRIBUTIONS
+
+    study = make_study(n=20, seed=3, name="wide")
+    study.enqueue_trial({}, user_attrs={"autotune_role": "enqueued"})
+    trial = study.ask()
+    values = {**DEFAULTS, "max_num_seqs": 4096, "kv_cache_dtype": "auto", "max_model_len": 2048}
+    for name, dist in DISTRIBUTIONS.items():  # how tuning/resolved.py records them
+        trial.storage.set_trial_param(trial._trial_id, name, dist.to_internal_repr(values[name]), dist)
+    study.tell(trial, 1500.0)
+    result = fanova_importance(study, seed=0)
+    assert result.status == "ok", result.message
+    assert result.n_trials == sum(
+        t.state == optuna.trial.TrialState.COMPLETE and bool(t.params) for t in study.trials
+    )

@@ -130,12 +130,24 @@ def test_the_baseline_records_every_parameter_vllm_resolved_inside_the_space(eng
     odd = {**H100_BASELINE_ENGINE, "max_num_seqs": 4096, "block_size": 8, "cache_dtype": "fp8_e5m2"}
     values = resolved_params(space.parameters, TrialRecord(engine_kwargs={}, engine=odd), {}, space.fixed)
     assert values["max_num_seqs"] == 4096 and not {"block_size", "kv_cache_dtype"} & set(values)
+    # what no distribution can hold is left out alone; the rest is still recorded
+    bad = {**H100_BASELINE_ENGINE, "max_num_batched_tokens": None, "gpu_memory_utilization": "0.92"}
+    values = resolved_params(space.parameters, TrialRecord(engine_kwargs={}, engine=bad), {}, space.fixed)
+    assert not {"max_num_batched_tokens", "gpu_memory_utilization"} & set(values)
+    assert values["enforce_eager"] is False and values["max_num_seqs"] == 1024
 
 
 def test_a_config_that_sets_what_the_sampler_cannot_see_records_nothing_more(engine, caplog):
     space = load_space("throughput", engine, gpus=1)
     # an engine arg the space neither searches nor fixes, and a value off a categorical's choices
-    for config in ({"performance_mode": "throughput"}, {"kv_cache_dtype": "fp8_e5m2", "max_num_seqs": 512}):
+    # ... and a fixed one set anew (a config exported from another study, say)
+    fixed_anew = {k: f"{v}-other" for k, v in list(space.fixed.items())[:1]}
+    assert fixed_anew, "the throughput space fixes something"
+    for config in (
+        {"performance_mode": "throughput"},
+        {"kv_cache_dtype": "fp8_e5m2", "max_num_seqs": 512},
+        fixed_anew,
+    ):
         record = TrialRecord(
             engine_kwargs={"model": "m", **space.fixed, **config}, engine=H100_BASELINE_ENGINE
         )

@@ -19,6 +19,7 @@ outside a categorical's choices) records nothing more: its speed is not the sear
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,8 +42,9 @@ def resolved_params(
     if not record.engine:
         return {}
     kwargs = record.engine_kwargs or {}
-    if set(kwargs) - {"model"} - set(fixed) - set(known):
-        return {}  # it set an arg the sampler cannot see, or a value off the space's choices
+    unseen = object()
+    if any(k != "model" and k not in known and fixed.get(k, unseen) != v for k, v in kwargs.items()):
+        return {}  # it set an arg the sampler cannot see, a value off the choices, a fixed one anew
     out: dict[str, Any] = {}
     for p in parameters:
         if p.name in known or p.name in kwargs:  # set by the config: recorded, or outside the space
@@ -56,9 +58,18 @@ def resolved_params(
             continue
         if value is not None and p.type == "int" and isinstance(value, float) and value.is_integer():
             value = int(value)
-        if p.records(value):
+        if p.records(value) and _is_value(p, value):
             out[p.name] = value
     return out
+
+
+def _is_value(p: ParamSpec, value: Any) -> bool:
+    """Whether Optuna can store ``value`` under ``p``'s distribution (a number out of range can)."""
+    if p.type not in ("int", "float"):
+        return True
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return (p.type == "float" or isinstance(value, int)) and (value > 0 or not p.log)
 
 
 def record_resolved(trial: optuna.Trial, space: SearchSpace, result: TrialRecord) -> dict[str, Any]:
@@ -68,9 +79,10 @@ def record_resolved(trial: optuna.Trial, space: SearchSpace, result: TrialRecord
     if TrialRecord.of(trial).role is Role.SAMPLED:
         return {}
     recorded: dict[str, Any] = {}
+    by_name = {p.name: p for p in space.parameters}
     try:
         for name, value in resolved_params(space.parameters, result, trial.params, space.fixed).items():
-            dist = next(p for p in space.parameters if p.name == name).distribution()
+            dist = by_name[name].distribution()
             # Optuna records a param only through suggest_*, which would sample one not fixed when
             # the trial was queued; the storage's own API records the value it ran with instead
             trial.storage.set_trial_param(trial._trial_id, name, dist.to_internal_repr(value), dist)

@@ -34,6 +34,28 @@ def _merge(dists: list[Any]) -> Any | None:
     return None
 
 
+def _cover(dist: Any, values: list[Any]) -> Any:
+    """``dist`` widened to hold every value a trial recorded: a queued trial records what vLLM
+    resolved (``tuning/resolved.py``), which may lie outside the range or off its step."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    if not isinstance(dist, (FloatDistribution, IntDistribution)):
+        return dist
+    step = dist.step or 0
+
+    def inside(v: float) -> bool:
+        on_step = not step or abs((v - dist.low) / step - round((v - dist.low) / step)) < 1e-6
+        return dist.low <= v <= dist.high and on_step
+
+    if all(inside(v) for v in values):
+        return dist
+    low, high = min(dist.low, *values), max(dist.high, *values)
+    log = dist.log and low > 0
+    if isinstance(dist, IntDistribution):
+        return IntDistribution(int(low), int(high), log=log)
+    return FloatDistribution(float(low), float(high), log=log)
+
+
 def fanova_importance(
     study: optuna.Study, *, min_finished: int = MIN_FINISHED, seed: int = 0
 ) -> FanovaResult:
@@ -57,6 +79,7 @@ def fanova_importance(
         )
     common = set.intersection(*(set(t.params) for t in trials))
     merged = {n: _merge([t.distributions[n] for t in trials]) for n in sorted(common)}
+    merged = {n: d if d is None else _cover(d, [t.params[n] for t in trials]) for n, d in merged.items()}
     dists = {n: d for n, d in merged.items() if d is not None and not d.single()}
     if not dists:
         return FanovaResult("not_applicable", "no parameter is searched in every finished trial", len(trials))
