@@ -260,11 +260,6 @@ class TrialRecord:
         )
         return dataclasses.replace(same, **changes)
 
-    @property
-    def searched_config(self) -> dict[str, Any] | None:
-        """What the user enqueued, else None (its params are the sampler's)."""
-        return self.config if self.role in (Role.ENQUEUED, Role.INFORMED) else None
-
     def phase_durations(self) -> dict[str, float]:
         """Seconds each phase of the worker took (see :mod:`autotune.trial.protocol`), in order:
         ``start`` (before its first event) and the last phase to the process's end included."""

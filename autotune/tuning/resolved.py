@@ -47,7 +47,7 @@ def resolved_params(
         return {}  # it set an arg the sampler cannot see, a value off the choices, a fixed one anew
     out: dict[str, Any] = {}
     for p in parameters:
-        if p.name in known or p.name in kwargs:  # set by the config: recorded, or outside the space
+        if p.name in known:  # set by the config (anything else it sets returned above)
             continue
         alias = ENGINE_ALIASES.get(p.name, p.name)
         if alias in record.engine:

@@ -39,7 +39,7 @@ def _cover(dist: Any, values: list[Any]) -> Any:
     resolved (``tuning/resolved.py``), which may lie outside the range or off its step."""
     from optuna.distributions import FloatDistribution, IntDistribution
 
-    if not isinstance(dist, (FloatDistribution, IntDistribution)):
+    if not isinstance(dist, (FloatDistribution, IntDistribution)):  # None included: no merge
         return dist
     step = dist.step or 0
 
@@ -78,8 +78,10 @@ def fanova_importance(
             "too_few", f"{len(trials)} finished trial(s); fANOVA needs {min_finished}", len(trials)
         )
     common = set.intersection(*(set(t.params) for t in trials))
-    merged = {n: _merge([t.distributions[n] for t in trials]) for n in sorted(common)}
-    merged = {n: d if d is None else _cover(d, [t.params[n] for t in trials]) for n, d in merged.items()}
+    merged = {
+        n: _cover(_merge([t.distributions[n] for t in trials]), [t.params[n] for t in trials])
+        for n in sorted(common)
+    }
     dists = {n: d for n, d in merged.items() if d is not None and not d.single()}
     if not dists:
         return FanovaResult("not_applicable", "no parameter is searched in every finished trial", len(trials))
