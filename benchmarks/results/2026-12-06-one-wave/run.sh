@@ -10,6 +10,8 @@
 #         kv-fit-fp8 = fp8 KV, 468 seqs (within the default graphs).
 # On the GPU machine (vLLM 0.26.0), after the chunk uploads (shared/gpu/README.md), ~8 min:
 #   SEC=480 bash benchmarks/results/2026-12-06-one-wave/run.sh
+# REPEAT=2 measures each config twice, interleaved (benchmarks.compare --repeat); SEED=0 leaves
+# the seed out.
 # The run writes its results after every config; one cut off by SEC leaves the others.
 set -u
 export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -23,12 +25,13 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
    kvfp8='{"kv_cache_dtype": "fp8", "async_scheduling": true, "max_num_seqs": 468}' ;;
 esac
 seed='{"gpu_memory_utilization": 0.92, "block_size": 32, "max_num_batched_tokens": 8192, "max_num_seqs": 512, "enable_prefix_caching": true}'
+seedcfg=(--config "seed=$seed"); [ "${SEED:-1}" = 0 ] && seedcfg=()
 date -u +"compare start %FT%TZ"
 timeout ${SEC:-480} python3 -m benchmarks.compare --model-arch llama2-7b \
   --workload synthetic:count=1000,input_len=256,output_len=256 \
   --set load_format=dummy --set skip_tokenizer_init=true --set dtype=bfloat16 \
   --config 'defaults={}' --config "kv-fit-fp8-weights=$informed" --config "kv-fit-fp8=$kvfp8" \
-  --config "seed=$seed" --no-roofline --trial-timeout 300 \
+  "${seedcfg[@]}" --repeat ${REPEAT:-1} --no-roofline --trial-timeout 300 \
   --out $OUT/cmp > $OUT/compare.log 2>&1
 echo "compare rc=$?"; date -u +"compare end %FT%TZ"
 cat $OUT/cmp/results.md 2>/dev/null | head -30
