@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,13 +26,17 @@ class ParamSpec:
     choices: tuple[Any, ...] = ()
 
     def records(self, value: Any) -> bool:
-        """Whether ``value`` can stand as this parameter's value in a trial (a categorical's
-        must be one of its choices; a number outside the range only draws Optuna's warning)."""
+        """Whether ``value`` can stand as this parameter's value in a trial: a categorical's must
+        be one of its choices; a number must be one Optuna can store under the distribution (an
+        int for an int, positive on a log range), where one outside the range only draws Optuna's
+        warning."""
         if self.type == "bool":
             return isinstance(value, bool)
         if self.type == "categorical":
             return any(value == c and type(value) is type(c) for c in self.choices)
-        return True
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
+        return (self.type == "float" or isinstance(value, int)) and (value > 0 or not self.log)
 
     def distribution(self) -> optuna.distributions.BaseDistribution:
         """The Optuna distribution :meth:`suggest` draws from."""

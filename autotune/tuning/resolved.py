@@ -19,7 +19,6 @@ outside a categorical's choices) records nothing more: its speed is not the sear
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,18 +57,9 @@ def resolved_params(
             continue
         if value is not None and p.type == "int" and isinstance(value, float) and value.is_integer():
             value = int(value)
-        if p.records(value) and _is_value(p, value):
+        if p.records(value):
             out[p.name] = value
     return out
-
-
-def _is_value(p: ParamSpec, value: Any) -> bool:
-    """Whether Optuna can store ``value`` under ``p``'s distribution (a number out of range can)."""
-    if p.type not in ("int", "float"):
-        return True
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return False
-    return (p.type == "float" or isinstance(value, int)) and (value > 0 or not p.log)
 
 
 def record_resolved(trial: optuna.Trial, space: SearchSpace, result: TrialRecord) -> dict[str, Any]:
