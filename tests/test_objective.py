@@ -11,6 +11,7 @@ from autotune.study.settings import StudySettings
 from autotune.trial.record import ROLE_ATTR, Role, TrialRecord
 from autotune.tuning.objective import Objective
 from autotune.tuning.resolved import record_resolved, resolved_params
+from tests.helpers import objective_for
 
 
 def test_an_enqueued_config_runs_as_written_with_defaults_for_the_rest(engine, tmp_path: Path):
@@ -170,3 +171,24 @@ def test_a_config_that_sets_what_the_sampler_cannot_see_records_nothing_more(eng
     finally:
         logger.removeHandler(caplog.handler)
     assert "were not all recorded for the sampler" in caplog.text
+
+
+def test_a_queued_number_optuna_cannot_store_runs_as_written_unrecorded(engine, tmp_path: Path):
+    """0 on a log range made the queued trial fail at suggest time, and Optuna records 4096.5 for
+    an int as 4096 (not what the trial ran with): both go with the config, named outside the
+    space; a whole number given as a float is stored as Optuna stores it."""
+    space = load_space("throughput", engine, gpus=1)
+    objective = objective_for(space, tmp_path)
+    study = optuna.create_study(direction="maximize")
+    config = {"max_num_seqs": 0, "max_num_batched_tokens": 4096.5, "gpu_memory_utilization": 0.9}
+    outside = enqueue_config(study, config, space.parameters)
+    assert outside == ["max_num_seqs=0", "max_num_batched_tokens=4096.5"]
+    trial = study.ask()
+    assert objective.config_for(trial) == {**space.fixed, **config}
+    assert trial.params == {"gpu_memory_utilization": 0.9}
+    study.tell(trial, 1.0)
+
+    assert enqueue_config(study, {"max_num_seqs": 512.0}, space.parameters) == []
+    trial = study.ask()
+    objective.config_for(trial)
+    assert trial.params == {"max_num_seqs": 512}

@@ -128,22 +128,3 @@ def test_bad_constraint_text(engine):
         build_space({**BASE, "constraints": ["max_num_seqs >>= 4"]}, engine)
     with pytest.raises(SearchSpaceError, match="not an engine argument"):
         build_space({**BASE, "constraints": ["max_num_seqs <= max_num_sequences"]}, engine)
-
-
-def test_a_queued_number_optuna_cannot_store_is_kept_as_written(engine):
-    """0 on a log range (or a float for an int) cannot be a trial's param: queued as one, it made
-    the trial fail at suggest time; it goes with the config, named as outside the space."""
-    from autotune.study.lifecycle import enqueue_config
-
-    space = load_space("throughput", engine)
-    study = optuna.create_study(direction="maximize")
-    config = {"max_num_seqs": 0, "max_num_batched_tokens": 4096.0, "gpu_memory_utilization": 0.9}
-    assert enqueue_config(study, config, space.parameters) == [
-        "max_num_seqs=0",
-        "max_num_batched_tokens=4096.0",
-    ]
-    trial = study.ask()
-    for p in space.parameters:  # as the objective suggests a queued config's searched keys
-        if p.name in config and p.records(config[p.name]):
-            p.suggest(trial)
-    assert trial.params == {"gpu_memory_utilization": 0.9}

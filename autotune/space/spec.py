@@ -27,16 +27,16 @@ class ParamSpec:
 
     def records(self, value: Any) -> bool:
         """Whether ``value`` can stand as this parameter's value in a trial: a categorical's must
-        be one of its choices; a number must be one Optuna can store under the distribution (an
-        int for an int, positive on a log range), where one outside the range only draws Optuna's
-        warning."""
+        be one of its choices; a number must be one Optuna stores as it is (a whole number for an
+        int, positive on a log range), where one outside the range only draws Optuna's warning."""
         if self.type == "bool":
             return isinstance(value, bool)
         if self.type == "categorical":
             return any(value == c and type(value) is type(c) for c in self.choices)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
-        return (self.type == "float" or isinstance(value, int)) and (value > 0 or not self.log)
+        whole = isinstance(value, int) or value.is_integer()  # Optuna stores 512.0 as 512, 512.5 too
+        return (self.type == "float" or whole) and (value > 0 or not self.log)
 
     def distribution(self) -> optuna.distributions.BaseDistribution:
         """The Optuna distribution :meth:`suggest` draws from."""
